@@ -1,0 +1,113 @@
+"""The few seams of the system, as small typed Protocols and value types.
+
+Everything that crosses a component boundary inside one process is declared here; what crosses a
+process boundary is in `transport/messages.py`. Implementations are chosen by config (Enum or
+registry name) and each has a contract test that loads it the way production does.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+# ------------------------------------------------------------------------------------ rewards
+
+
+class RewardStatus(enum.Enum):
+    ok = "ok"  # the verifier ran and decided
+    timeout = "timeout"  # the verifier or the sandboxed program ran past its limit
+    sandbox_error = "sandbox_error"  # the sandbox itself failed (could not start, crashed)
+    parse_error = "parse_error"  # no final answer could be extracted from the response
+
+
+@dataclass(frozen=True, slots=True)
+class RewardRequest:
+    """One response to score. `task` is a reward registry name (see reward/registry.py)."""
+
+    task: str
+    response: str
+    reference: str  # gold answer, or a JSON test spec for code tasks
+
+
+@dataclass(frozen=True, slots=True)
+class RewardResult:
+    reward: float
+    status: RewardStatus = RewardStatus.ok
+    detail: str = ""  # short, human-readable reason (never the untrusted output itself)
+
+
+class RewardFn(Protocol):
+    """A reward function: pure, picklable by reference, runs inside a worker process."""
+
+    def __call__(self, response: str, reference: str) -> RewardResult: ...
+
+
+class RewardScorer(Protocol):
+    """What the rollout controller awaits. Never blocks the event loop that drives generation."""
+
+    async def score_group(self, requests: Sequence[RewardRequest]) -> list[RewardResult]: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+# ------------------------------------------------------------------------------------ rollout
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+class FinishReason(enum.Enum):
+    stop = "stop"
+    length = "length"
+    abort = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResponse:
+    """One /generate call's result. An aborted call returns its partial tokens."""
+
+    output_ids: list[int]
+    logprobs: list[float]  # behaviour log-probs, one per output token
+    finish_reason: FinishReason
+    weight_version: int  # the policy version every token of this segment was sampled under
+
+
+@runtime_checkable
+class RolloutBackendClient(Protocol):
+    """A rollout server as the controller sees it (SGLang today; vLLM later)."""
+
+    name: str
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse: ...
+
+    async def pause(self, mode: str) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def healthy(self) -> bool: ...
+
+
+# ------------------------------------------------------------------------------------ weights
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str  # Hugging Face parameter name, exactly as in a safetensors checkpoint
+    dtype: str  # torch dtype name without the "torch." prefix
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    """One flattened broadcast: its tensors, in order, as raw bytes back to back."""
+
+    index: int
+    tensors: tuple[TensorSpec, ...]
