@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:  # annotations only: this module imports no torch
+    import torch
+
+    from areal_jobs.trainer.batch import TrainBatch
 
 # ------------------------------------------------------------------------------------ rewards
 
@@ -111,3 +116,51 @@ class BucketSpec:
 
     index: int
     tensors: tuple[TensorSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSender:
+    """One trainer rank that broadcasts buckets to every server over its own process group.
+
+    The sender is rank 0 of its group (SGLang receives with src=0); servers take the ranks after
+    it. The torch backend has one sender; Megatron has one per pipeline stage.
+    """
+
+    group_name: str
+    master_address: str  # the sender hosts the group's TCP store
+    master_port: int
+    buckets: tuple[BucketSpec, ...]
+
+
+# ------------------------------------------------------------------------------------ trainer
+
+
+class TrainBackend(Protocol):
+    """A trainer backend (torch or Megatron): same batches in, same loss, weights out.
+
+    Every method is called on every trainer rank at the same time (they may be collective).
+    """
+
+    def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
+        """Recompute proximal log-probs, then one decoupled-PPO optimiser step.
+
+        Rank 0 passes the batch; other ranks pass None and get their share from rank 0.
+        Returns flat metrics (meaningful on rank 0).
+        """
+        ...
+
+    def weight_specs(self) -> list[TensorSpec]:
+        """The tensors this rank broadcasts, with HF names (empty on ranks that send nothing)."""
+        ...
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) HF-named tensors in `weight_specs` order; yields only on senders."""
+        ...
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...
+
+    def save_hf(self, path: str) -> None:
+        """A Hugging Face checkpoint (config.json + safetensors) of the current policy."""
+        ...

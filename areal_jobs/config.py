@@ -157,6 +157,8 @@ class RolloutConfig:
     health_interval_s: float = 5.0
     max_total_tokens: int = 32768  # server KV-cache capacity in tokens (CPU mode)
     server_threads: int = 1  # torch threads per server process (CPU mode)
+    base_port: int = 0  # server i listens on base_port + i; 0 = any free port (local mode)
+    controller_port: int = 0  # controller binds this (trajectories) and +1 (control); 0 = free
     extra_server_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,109 @@
+"""Admission control under the staleness bound eta (AReaL section 5.1).
+
+Counting unit: prompt groups. With B groups per training step, the trainer's published policy
+version v, and a = groups accepted (ever) + groups running, a new group may start only while
+
+    a < (eta + v + 1) * B        and        running < max_running
+
+so no more than (eta + 1) batches of data can be generated ahead of the trainer. eta = 0 makes
+generation synchronous: B groups per version, and the trainer waits for all of them.
+
+Worked example, eta = 1, B = 2: at v = 0 four groups may be admitted; the trainer consumes two
+(v -> 1), and two more become admissible. A group that is dropped (filtered, or expired and
+re-queued) gives its slot back through `on_rejected`.
+
+The bound on admission is not enough alone: a long answer admitted early can finish after
+faster, later ones were trained. `is_fresh` is the second check, applied when a batch is built.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass
+class StalenessState:
+    accepted: int = 0  # groups finished and handed to the trainer, over the whole run
+    running: int = 0  # groups admitted and not finished
+    rejected: int = 0  # groups dropped after admission (filtered or expired)
+
+
+class StalenessManager:
+    """Thread-safe counters plus the admission rule. Pure: no I/O, no clocks."""
+
+    def __init__(self, batch_size: int, max_staleness: int, max_running: int) -> None:
+        if batch_size < 1 or max_staleness < 0 or max_running < 1:
+            raise ValueError("batch_size >= 1, max_staleness >= 0 and max_running >= 1 are required")
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.max_running = max_running
+        self._state = StalenessState()
+        self._lock = threading.Lock()
+
+    def capacity(self, version: int) -> int:
+        """How many more groups may be admitted now at trainer version `version`."""
+        with self._lock:
+            s = self._state
+            by_staleness = (self.max_staleness + version + 1) * self.batch_size - (s.accepted + s.running)
+            by_concurrency = self.max_running - s.running
+            return max(0, min(by_staleness, by_concurrency))
+
+    def try_admit(self, version: int) -> bool:
+        """Admit one group if the bound allows it (atomic check-and-increment)."""
+        with self._lock:
+            s = self._state
+            if s.accepted + s.running >= (self.max_staleness + version + 1) * self.batch_size:
+                return False
+            if s.running >= self.max_running:
+                return False
+            s.running += 1
+            return True
+
+    def on_accepted(self) -> None:
+        with self._lock:
+            self._require_running()
+            self._state.running -= 1
+            self._state.accepted += 1
+
+    def on_rejected(self) -> None:
+        """A running group was dropped before reaching the trainer: free its slot."""
+        with self._lock:
+            self._require_running()
+            self._state.running -= 1
+            self._state.rejected += 1
+
+    def on_expired(self) -> None:
+        """An accepted group was too stale to train; it will be regenerated: free its slot."""
+        with self._lock:
+            if self._state.accepted < 1:
+                raise RuntimeError("on_expired without an accepted group")
+            self._state.accepted -= 1
+            self._state.rejected += 1
+
+    def _require_running(self) -> None:
+        if self._state.running < 1:
+            raise RuntimeError("staleness counters out of sync: no running group to finish")
+
+    @property
+    def state(self) -> StalenessState:
+        with self._lock:
+            return StalenessState(**vars(self._state))
+
+    def state_dict(self) -> dict[str, int]:
+        """For checkpoints. Running groups are saved with the controller's partial rollouts."""
+        with self._lock:
+            return dict(vars(self._state))
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        with self._lock:
+            self._state = StalenessState(**{k: int(state[k]) for k in ("accepted", "running", "rejected")})
+
+
+def is_fresh(oldest_version: int, trainer_version: int, max_staleness: int) -> bool:
+    """True when a sample whose oldest token is `oldest_version` may train at `trainer_version`.
+
+    The trainer at version v produces v + 1 from this batch; a token sampled under version u is
+    v - u versions old. eta = 0 demands every token come from v itself.
+    """
+    return trainer_version - oldest_version <= max_staleness

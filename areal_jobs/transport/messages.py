@@ -1,0 +1,173 @@
+"""Every message that crosses the controller <-> trainer boundary, one dataclass per kind.
+
+Trajectories travel as `TrajectoryGroup` (one per prompt: all G samples, so group-normalised
+advantages never wait across messages). Control messages are small and JSON-encoded.
+Array legend: [n] = one entry per output token of a sample; [p] = one per prompt token.
+Adding a feature means adding a typed field or a new kind here, never a key in a metadata dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from areal_jobs.api import WeightSender
+
+SCHEMA_VERSION = 1
+
+# ------------------------------------------------------------------------------ trajectories
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SampleTrajectory:
+    """One sampled answer. Every output token keeps its behaviour log-prob and policy version."""
+
+    sample_id: str  # "<group_id>/<i>"
+    output_ids: np.ndarray  # int32 [n]
+    logprobs: np.ndarray  # float32 [n], log pi_behaviour(token) when it was sampled
+    versions: np.ndarray  # int32 [n], policy version each token was sampled under
+    reward: float
+    reward_status: str  # api.RewardStatus value; anything but "ok" is counted in metrics
+    finish_reason: str  # "stop" | "length"
+    num_interruptions: int  # weight updates this sample lived through
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.output_ids.shape[0])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TrajectoryGroup:
+    """All G samples of one prompt, scored, ready for training."""
+
+    group_id: str  # unique per prompt admission, e.g. "e0-17" (epoch 0, stream index 17)
+    data_index: int  # position of the prompt in the seeded prompt stream
+    prompt_ids: np.ndarray  # int32 [p]
+    samples: tuple[SampleTrajectory, ...]
+    gen_time_s: float = 0.0  # admission -> last sample finished
+    reward_time_s: float = 0.0
+
+    @property
+    def oldest_version(self) -> int:
+        """The staleness bound is checked against the oldest token of any sample."""
+        return min((int(s.versions.min()) for s in self.samples if s.num_tokens), default=0)
+
+    @property
+    def newest_version(self) -> int:
+        return max((int(s.versions.max()) for s in self.samples if s.num_tokens), default=0)
+
+
+# ------------------------------------------------------------------------------ control
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerHello:
+    """Trainer rank 0 -> controller on start and after every restart."""
+
+    version: int  # the policy version the trainer holds (what the servers must also hold)
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerHello:
+    """Controller -> trainer: answer to TrainerHello."""
+
+    version: int  # the version the servers hold now
+    num_servers: int
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRequest:
+    """Trainer finished a step: pause generation and prepare to receive `version`'s weights."""
+
+    version: int  # the new version being published
+    senders: tuple[WeightSender, ...]  # who broadcasts which buckets, in order
+    backend: str  # "gloo" | "nccl"
+    trained_group_ids: tuple[str, ...] = ()  # the step's batch; the controller's ledger
+    expired_group_ids: tuple[str, ...] = ()  # too stale to train: the controller re-generates them
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """Controller -> trainer: servers paused; broadcast group ready to form (world_size ranks)."""
+
+    version: int
+    world_size: int  # per sender group: 1 (the sender) + every server rank
+    init_group: bool  # True: the groups must be (re)created before the broadcast
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPublished:
+    """Controller -> trainer: every server holds `version` and generation resumed."""
+
+    version: int
+    update_s: float  # pause -> resume wall time seen by the controller
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateFailed:
+    """Controller -> trainer: a weight-update stage failed; the job must exit non-zero."""
+
+    version: int
+    stage: str  # e.g. "weight broadcast bucket 3/7 to server 2"
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStats:
+    """Controller -> trainer: flat rollout metrics for the run's one metrics sink."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    """Controller -> trainer: held-out accuracy of the policy at `version`."""
+
+    version: int
+    accuracy: float
+    mean_reward: float
+    num_prompts: int
+    kind: str  # "start" | "periodic" | "final"
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Trainer -> controller: training is over; run the final evaluation, then exit."""
+
+    reason: str
+    final_eval: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """Controller -> trainer: controller drained and is exiting."""
+
+    num_groups_pushed: int
+
+
+CONTROL_MESSAGES = (
+    TrainerHello,
+    ControllerHello,
+    PauseRequest,
+    Paused,
+    VersionPublished,
+    UpdateFailed,
+    RolloutStats,
+    EvalResult,
+    Stop,
+    Stopped,
+)
+ControlMessage = (
+    TrainerHello
+    | ControllerHello
+    | PauseRequest
+    | Paused
+    | VersionPublished
+    | UpdateFailed
+    | RolloutStats
+    | EvalResult
+    | Stop
+    | Stopped
+)
