@@ -1,0 +1,307 @@
+"""Run one untrusted Python program in a fresh, locked-down subprocess and collect its output.
+
+Contract of `run_program(files, stdin, limits) -> SandboxRun`:
+- every call gets a fresh process, a fresh private work dir (deleted afterwards) and a scrubbed
+  environment (PATH, HOME, TMPDIR, LANG only: no secrets, no proxy variables);
+- the program is `main.py` from `files`, run as `python -I -S main.py` (standard library only);
+- resource limits: CPU seconds, address space, processes, file size, open files (see SandboxLimits);
+- it never runs longer than `limits.wall_timeout_s`; afterwards the whole process group (and in
+  namespace mode the whole PID namespace) is SIGKILLed, so nothing it started survives the call;
+- stdout and stderr are read up to `limits.max_output_bytes` together; past that the program is
+  killed and `output_capped` is set;
+- it never raises for anything the program does. `started=False` means the sandbox itself failed.
+
+Isolation modes (`limits.isolation`, the `reward.network_isolation` config):
+- namespaces (auto when root and `unshare(1)` works, or required by `netns`): a new network
+  namespace (only a downed loopback: no route anywhere), a new PID namespace (the program sees only
+  its own processes; when it exits the kernel kills everything it forked) and a new mount namespace
+  (every mount read-only except a size-capped tmpfs work dir);
+- fallback (auto without those privileges, or `none`): the same limits, uid drop and process-group
+  kill, but no network isolation and no read-only remount. A warning is logged once.
+The in-child setup lives in sandbox_boot.py; this module is the parent side.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from areal_jobs.config import NetworkIsolation, RewardConfig
+
+logger = logging.getLogger(__name__)
+
+_BOOT_SCRIPT = str(Path(__file__).with_name("sandbox_boot.py"))
+_UNSHARE_ARGS = ["--net", "--pid", "--mount", "--fork", "--kill-child", "--mount-proc"]
+_PIPE_STDIN_MAX_BYTES = 60_000  # below the 64 KiB pipe buffer, so writing it never blocks
+_EXIT_GRACE_S = 0.2  # after the program exits, how long leftover children may keep the pipes open
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    """Per-program limits. Defaults match RewardConfig's; tests shrink them."""
+
+    cpu_s: int = 10
+    memory_mb: int = 1024
+    max_procs: int = 64
+    max_file_mb: int = 16
+    max_open_files: int = 64
+    wall_timeout_s: float = 10.0
+    max_output_bytes: int = 1 << 20
+    tmpfs_mb: int = 64
+    isolation: NetworkIsolation = NetworkIsolation.auto
+    uid: int = 65534  # used only when we are root; -1 = keep ours
+    gid: int = 65534
+    python: str = ""  # empty = the interpreter running this code
+
+    @classmethod
+    def from_config(cls, cfg: RewardConfig) -> SandboxLimits:
+        return cls(
+            cpu_s=cfg.code_cpu_s,
+            memory_mb=cfg.code_memory_mb,
+            max_procs=cfg.code_max_procs,
+            max_file_mb=cfg.code_max_file_mb,
+            max_open_files=cfg.code_max_open_files,
+            wall_timeout_s=cfg.code_wall_timeout_s,
+            max_output_bytes=cfg.code_max_output_bytes,
+            tmpfs_mb=cfg.code_tmpfs_mb,
+            isolation=cfg.network_isolation,
+            uid=cfg.code_sandbox_uid,
+            gid=cfg.code_sandbox_gid,
+            python=cfg.code_python,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRun:
+    """What happened to one program. `stdout`/`stderr` are untrusted bytes: never log them."""
+
+    started: bool  # False: the sandbox failed before the program ran (see `error`)
+    returncode: int | None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False  # wall clock, or the CPU limit (SIGXCPU)
+    output_capped: bool = False
+    error: str = ""  # trusted, short: why the sandbox failed
+
+    @property
+    def exited_cleanly(self) -> bool:
+        return self.started and not self.timed_out and not self.output_capped and self.returncode == 0
+
+
+@functools.cache
+def namespaces_unavailable_reason() -> str | None:
+    """None when this process can create net+PID+mount namespaces, else why not (probed once)."""
+    if os.geteuid() != 0:
+        return "not root"
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return "unshare(1) not found (util-linux)"
+    try:
+        probe = subprocess.run(
+            [unshare, *_UNSHARE_ARGS, "true"], check=False, capture_output=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unshare probe failed: {e}"
+    if probe.returncode != 0:
+        return f"unshare probe exited {probe.returncode}: {probe.stderr.decode(errors='replace')[:200]}"
+    return None
+
+
+def _use_namespaces(isolation: NetworkIsolation) -> bool:
+    if isolation is NetworkIsolation.none:
+        return False
+    reason = namespaces_unavailable_reason()
+    if reason is None:
+        return True
+    if isolation is NetworkIsolation.netns:
+        raise RuntimeError(f"reward.network_isolation=netns but namespaces are unavailable: {reason}")
+    _warn_fallback(reason)
+    return False
+
+
+@functools.cache
+def _warn_fallback(reason: str) -> None:
+    logger.warning(
+        "code sandbox without namespaces (%s): programs keep network access; limits, uid drop and "
+        "process-group kill still apply. Set reward.network_isolation=netns to refuse this.",
+        reason,
+    )
+
+
+def _rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
+    mib = 1 << 20
+    return {
+        # Hard CPU limit one second above the soft one: SIGXCPU first, so we can tell a CPU timeout.
+        "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
+        "RLIMIT_AS": (limits.memory_mb * mib,) * 2,
+        "RLIMIT_NPROC": (limits.max_procs,) * 2,
+        "RLIMIT_FSIZE": (limits.max_file_mb * mib,) * 2,
+        "RLIMIT_NOFILE": (limits.max_open_files,) * 2,
+        "RLIMIT_CORE": (0, 0),
+    }
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL the child (unshare or the boot script) if its parent worker dies."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def run_program(files: dict[str, str], stdin: bytes, limits: SandboxLimits) -> SandboxRun:
+    """Run `files["main.py"]` (other files are placed beside it) with `stdin`. Never raises."""
+    workdir = tempfile.mkdtemp(prefix="areal-sbx-")
+    try:
+        return _run_in(workdir, files, stdin, limits)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        return SandboxRun(started=False, returncode=None, error=f"{type(e).__name__}: {e}"[:300])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLimits) -> SandboxRun:
+    namespaces = _use_namespaces(limits.isolation)
+    drop_uid = limits.uid >= 0 and os.geteuid() == 0
+    for name, text in files.items():
+        Path(workdir, name).write_text(text)
+        if drop_uid and not namespaces:  # namespace mode copies them into a tmpfs it owns
+            os.chown(Path(workdir, name), limits.uid, limits.gid)
+    if drop_uid and not namespaces:
+        os.chown(workdir, limits.uid, limits.gid)
+
+    ready_r, ready_w = os.pipe()
+    spec = {
+        "workdir": workdir,
+        "script": "main.py",
+        "uid": limits.uid if drop_uid else -1,
+        "gid": limits.gid if drop_uid else -1,
+        "rlimits": _rlimits(limits),
+        "isolate_fs": namespaces,
+        "tmpfs_mb": limits.tmpfs_mb,
+        "ready_fd": ready_w,
+    }
+    python = limits.python or os.path.realpath(sys.executable)
+    argv = [python, "-I", "-S", _BOOT_SCRIPT, json.dumps(spec)]
+    if namespaces:
+        argv = [shutil.which("unshare") or "unshare", *_UNSHARE_ARGS, *argv]
+    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+    stdin_file = _stdin_source(stdin)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=stdin_file,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=workdir,
+            start_new_session=True,  # its own process group, killed as a whole below
+            pass_fds=(ready_w,),
+            # Reward workers are single-threaded, the case where preexec_fn is safe.
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+    finally:
+        os.close(ready_w)
+        os.close(stdin_file)
+    try:
+        stdout, stderr, timed_out, capped = _collect(proc, limits)
+    finally:
+        _kill_group(proc)
+        os.set_blocking(ready_r, False)  # whoever held the write end is dead; never wait here
+        try:
+            report = os.read(ready_r, 64)
+        except BlockingIOError:
+            report = b""
+        os.close(ready_r)
+    # The boot script sends "R" just before exec; in namespace mode its init then adds "W<status>".
+    started = report.startswith(b"R")
+    returncode = proc.returncode
+    if report.startswith(b"RW") and report[2:].isdigit():
+        returncode = os.waitstatus_to_exitcode(int(report[2:]))
+    timed_out = timed_out or returncode == -signal.SIGXCPU
+    if not started:
+        reason = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {returncode}"]
+        return SandboxRun(started=False, returncode=returncode, error=reason[0][:300])
+    return SandboxRun(True, returncode, stdout, stderr, timed_out, capped)
+
+
+def _stdin_source(data: bytes) -> int:
+    """An fd the program reads as stdin. Small inputs go through a pipe, so once read they are
+    gone (the HumanEval harness passes its nonce this way); big ones through an unlinked file."""
+    if len(data) <= _PIPE_STDIN_MAX_BYTES:
+        r, w = os.pipe()
+        os.write(w, data)
+        os.close(w)
+        return r
+    with tempfile.TemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        os.lseek(f.fileno(), 0, os.SEEK_SET)
+        return os.dup(f.fileno())
+
+
+def _collect(proc: subprocess.Popen, limits: SandboxLimits) -> tuple[bytes, bytes, bool, bool]:
+    """Read stdout/stderr until both close, the wall clock runs out, or the output cap is hit."""
+    assert proc.stdout is not None and proc.stderr is not None
+    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    deadline = time.monotonic() + limits.wall_timeout_s
+    exited_at: float | None = None
+    timed_out = capped = False
+    with selectors.DefaultSelector() as sel:
+        for fd in bufs:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map() and not capped:
+            now = time.monotonic()
+            if exited_at is None and _exited(proc.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at > _EXIT_GRACE_S:
+                break  # the program is gone; a leftover child holds the pipes: stop waiting for it
+            if now >= deadline:
+                timed_out = True
+                break
+            for key, _ in sel.select(timeout=min(deadline - now, 0.05 if exited_at else 0.5)):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                bufs[key.fd] += chunk
+                if sum(len(b) for b in bufs.values()) > limits.max_output_bytes:
+                    capped = True
+                    break
+    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), timed_out, capped
+
+
+def _exited(pid: int) -> bool:
+    """Has the child exited? Unlike Popen.poll this leaves the zombie unreaped, so its pid (our
+    process-group id) cannot be reused before _kill_group signals the group."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the program's process group (in namespace mode that takes its PID namespace down
+    with it) and reap the direct child. The group id is the child's pid (start_new_session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        logger.error("sandbox child %d did not die after SIGKILL", proc.pid)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

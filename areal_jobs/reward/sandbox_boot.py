@@ -1,0 +1,151 @@
+"""The in-child half of the sandbox: trusted code that runs between "process created" and "untrusted
+program starts", then replaces itself with the program (execve).
+
+Run by reward/sandbox.py as `python -I -S sandbox_boot.py <json spec>`, either directly (fallback
+mode) or as PID 1 of fresh network + PID + mount namespaces created by `unshare(1)` (namespace mode).
+It imports only the standard library and never imports areal_jobs: it is executed by path, with
+`-I` so nothing from the working directory or the environment can shadow a module.
+
+Steps, in this order because each needs the privileges the next one drops:
+1. (namespace mode) mount a size-capped tmpfs over the work dir and copy the program files into it;
+   bind the interpreter's installation read-only inside it (it may live under a 0700 home such as
+   /root/.pyenv that the sandbox uid cannot traverse); remount every other mount read-only.
+2. Set resource limits (soft = hard, so the program cannot raise them).
+3. Drop to the sandbox uid/gid with no supplementary groups; set no_new_privs so setuid binaries
+   grant nothing; ask for SIGKILL when our parent dies (set after setuid, which clears it).
+4. Write one byte to the ready fd: from here on, any failure is the program's, not the sandbox's.
+5. execve the interpreter on main.py with `-I -S` (standard library only).
+Any failure before step 4 exits with BOOT_FAILED and a one-line reason on stderr.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import sys
+
+BOOT_FAILED = 125
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND = 32, 4096
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_FLAG_BY_OPTION = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _fail(reason: str) -> None:
+    os.write(2, f"sandbox-boot: {reason}\n".encode())
+    os._exit(BOOT_FAILED)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    enc = [None if s is None else s.encode() for s in (source, target, fstype, data)]
+    if _LIBC.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """(mount point, flags to keep) for every mount, from /proc/self/mountinfo."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            # Field 5 is the mount point with spaces etc. octal-escaped; field 6 its per-mount options.
+            point = fields[4].encode().decode("unicode_escape")
+            keep = sum(_FLAG_BY_OPTION.get(opt, 0) for opt in fields[5].split(","))
+            points.append((point, keep))
+    return points
+
+
+def _isolate_filesystem(spec: dict) -> str:
+    """Step 1. Returns the interpreter path to exec inside the namespace."""
+    workdir = spec["workdir"]
+    files = {}
+    for name in os.listdir(workdir):
+        with open(os.path.join(workdir, name), "rb") as f:
+            files[name] = f.read()
+    uid = spec["uid"] if spec["uid"] >= 0 else os.getuid()
+    gid = spec["gid"] if spec["gid"] >= 0 else os.getgid()
+    opts = f"size={spec['tmpfs_mb']}m,mode=0700,uid={uid},gid={gid}"
+    _mount("tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
+    for name, data in files.items():
+        path = os.path.join(workdir, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chown(path, uid, gid)
+    # Bind the interpreter's prefix under the work dir so the dropped uid can reach it.
+    prefix = os.path.realpath(sys.base_prefix)
+    exe = os.path.realpath(sys.executable)
+    if not exe.startswith(prefix + os.sep):
+        _fail(f"interpreter {exe} is not under its prefix {prefix}")
+    pydir = os.path.join(workdir, ".python")
+    os.mkdir(pydir, 0o755)
+    _mount(prefix, pydir, None, _MS_BIND, None)
+    _mount(None, pydir, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
+    for point, keep in _mount_points():
+        if point == workdir or point.startswith(workdir + os.sep):
+            continue
+        try:
+            _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep, None)
+        except OSError as e:
+            # The root file system is what matters; odd pseudo file systems may refuse a remount.
+            if point == "/":
+                _fail(str(e))
+    return os.path.join(pydir, os.path.relpath(exe, prefix))
+
+
+def _drop_privileges(spec: dict) -> None:
+    """Steps 2-3."""
+    for name, value in spec["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), tuple(value))  # [soft, hard]
+    if spec["uid"] >= 0 and os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(spec["gid"])
+        os.setuid(spec["uid"])
+    if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        _fail("prctl(PR_SET_NO_NEW_PRIVS) failed")
+    _LIBC.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+
+def _run_as_init(child_pid: int, status_fd: int) -> None:
+    """PID 1 of the namespace: reap every process until the program exits, then report its wait
+    status on `status_fd` and exit, which makes the kernel kill whatever the program left behind.
+    The program is not PID 1 itself because PID 1 ignores signals it has no handler for, even the
+    kernel's SIGXCPU for the CPU limit."""
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(BOOT_FAILED)
+        if pid == child_pid:
+            os.write(status_fd, f"W{status}".encode())
+            os._exit(0)
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    ready_fd = spec["ready_fd"]
+    try:
+        python = _isolate_filesystem(spec) if spec["isolate_fs"] else os.path.realpath(sys.executable)
+        if spec["isolate_fs"]:
+            child = os.fork()
+            if child:
+                _run_as_init(child, ready_fd)
+        _drop_privileges(spec)
+        os.chdir(spec["workdir"])
+    except Exception as e:  # noqa: BLE001  anything here is a sandbox failure, reported as one
+        _fail(f"{type(e).__name__}: {e}")
+    if not os.access(python, os.X_OK):
+        _fail(f"uid {os.getuid()} cannot execute {python}: set reward.code_python to a readable interpreter")
+    os.write(ready_fd, b"R")
+    os.close(ready_fd)
+    try:
+        os.execv(python, [python, "-I", "-S", spec["script"]])
+    except OSError as e:
+        # Too late for a sandbox failure (the ready byte is sent): the parent sees a failed program.
+        _fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The reward service: a pool of worker processes that the rollout controller awaits.
+
+Contract (api.RewardScorer):
+- `RewardService(cfg)` does no I/O; `start()` spawns `cfg.num_workers` workers; `close()` stops them.
+- `await score_group(requests)` scores the G answers of a group in parallel (up to num_workers at
+  a time) and returns one RewardResult per request, in order. It never blocks the event loop: work
+  is handed to worker processes over pipes, and replies are picked up by the loop's reader
+  callbacks (no threads, no blocking waits).
+- Each call may run `cfg.timeout_s` on its worker, counted from when a worker takes it (waiting for
+  a free worker does not count). A call past it returns RewardStatus.timeout, and that worker is
+  SIGKILLed and replaced: a verifier stuck in C code (sympy on a huge power) cannot be interrupted
+  any other way, and it must not hold a worker hostage.
+- A worker that dies (crash, OOM kill) turns its call into RewardStatus.sandbox_error and is
+  replaced. Neither case is ever folded silently into a 0: `metrics()` counts each status.
+
+Why not concurrent.futures.ProcessPoolExecutor: it cannot kill the one worker whose call timed out
+(a cancelled future keeps running), and one dead worker breaks the whole pool, failing the other
+G-1 calls of the group with it. Workers here are independent, so a failure costs only its own call.
+Workers are started with "spawn": the controller runs asyncio and threads, where fork is unsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+
+from areal_jobs.api import RewardRequest, RewardResult, RewardStatus
+from areal_jobs.config import RewardConfig
+from areal_jobs.reward import registry
+
+logger = logging.getLogger(__name__)
+
+_MAX_DETAIL_CHARS = 200
+
+
+def _worker_main(conn: Connection, cfg: RewardConfig) -> None:
+    """Worker process: score (task, response, reference) tuples until the pipe closes."""
+    from areal_jobs.reward import code
+    from areal_jobs.reward.sandbox import SandboxLimits
+
+    code.configure(SandboxLimits.from_config(cfg))
+    for task in registry.REWARD_TARGETS:  # import now, not during the first (timed) call
+        try:
+            registry.resolve(task)
+        except ImportError:
+            logger.warning("reward task %r unavailable in this worker", task)
+    import math_verify  # noqa: F401  (imported lazily by math_answer; slow the first time)
+
+    while True:
+        try:
+            task, response, reference = conn.recv()
+        except (EOFError, OSError):
+            return  # the service closed us, or the controller died
+        try:
+            result = registry.resolve(task)(response, reference)
+        except Exception as e:  # noqa: BLE001  a broken reward fn or reference must not kill the worker
+            result = RewardResult(
+                0.0, RewardStatus.sandbox_error, f"reward fn raised {type(e).__name__}: {e}"
+            )
+        conn.send(RewardResult(result.reward, result.status, result.detail[:_MAX_DETAIL_CHARS]))
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx: mp.context.BaseContext, cfg: RewardConfig, index: int) -> None:
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=_worker_main, args=(child_conn, cfg), name=f"reward-worker-{index}", daemon=True
+        )
+        self.process.start()
+        child_conn.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+class RewardService:
+    """Process-pool reward scorer (satisfies api.RewardScorer)."""
+
+    def __init__(self, cfg: RewardConfig) -> None:
+        self._cfg = cfg
+        self._ctx = mp.get_context("spawn")
+        self._idle: asyncio.Queue[_Worker] | None = None
+        self._workers: list[_Worker] = []
+        self._counts = {status: 0 for status in RewardStatus}
+        self._calls = 0
+        self._latency_sum_s = 0.0
+        self._worker_restarts = 0
+
+    def start(self) -> None:
+        """Spawn the workers. Call from the thread that will run the event loop."""
+        if self._workers:
+            raise RuntimeError("RewardService.start() called twice")
+        self._idle = asyncio.Queue()
+        for i in range(self._cfg.num_workers):
+            worker = _Worker(self._ctx, self._cfg, i)
+            self._workers.append(worker)
+            self._idle.put_nowait(worker)
+
+    def close(self) -> None:
+        """Stop every worker (and, through their death signal, any sandboxed program they run)."""
+        for worker in self._workers:
+            worker.kill()
+        self._workers.clear()
+        self._idle = None
+
+    async def score_group(self, requests: Sequence[RewardRequest]) -> list[RewardResult]:
+        """Score all requests in parallel; results are in request order."""
+        for request in requests:
+            registry.target(request.task)  # unknown task: a config error, raised before any work
+        return list(await asyncio.gather(*(self._score_one(r) for r in requests)))
+
+    async def _score_one(self, request: RewardRequest) -> RewardResult:
+        if self._idle is None:
+            raise RuntimeError("RewardService.score_group() before start() or after close()")
+        worker = await self._idle.get()
+        start_s = time.monotonic()
+        try:
+            result = await self._call(worker, request)
+        finally:
+            if self._idle is not None:  # not closed meanwhile
+                self._idle.put_nowait(worker if worker.process.is_alive() else self._replace(worker))
+        self._calls += 1
+        self._latency_sum_s += time.monotonic() - start_s
+        self._counts[result.status] += 1
+        return result
+
+    async def _call(self, worker: _Worker, request: RewardRequest) -> RewardResult:
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[RewardResult] = loop.create_future()
+
+        def on_readable() -> None:
+            if reply.done():
+                return
+            try:
+                reply.set_result(worker.conn.recv())
+            except (EOFError, OSError) as e:
+                reply.set_exception(e)
+
+        fd = worker.conn.fileno()
+        loop.add_reader(fd, on_readable)
+        try:
+            # A pickled request of a few KiB fits the pipe buffer, and an idle worker is blocked
+            # in recv(), so this send returns at once.
+            worker.conn.send((request.task, request.response, request.reference))
+            return await asyncio.wait_for(reply, timeout=self._cfg.timeout_s)
+        except TimeoutError:
+            worker.kill()  # it may be stuck in uninterruptible C code: the only way to free it
+            return RewardResult(0.0, RewardStatus.timeout, f"reward call exceeded {self._cfg.timeout_s:g}s")
+        except (EOFError, OSError):
+            worker.kill()
+            code = worker.process.exitcode
+            return RewardResult(0.0, RewardStatus.sandbox_error, f"reward worker died (exit code {code})")
+        except asyncio.CancelledError:
+            worker.kill()  # its reply would otherwise be read as the answer to the next request
+            raise
+        finally:
+            loop.remove_reader(fd)
+
+    def _replace(self, dead: _Worker) -> _Worker:
+        index = self._workers.index(dead)
+        self._workers[index] = _Worker(self._ctx, self._cfg, index)
+        self._worker_restarts += 1
+        logger.warning("reward worker %d replaced (%d replacements so far)", index, self._worker_restarts)
+        return self._workers[index]
+
+    def metrics(self) -> dict[str, float]:
+        """Flat counters since start, under reward/."""
+        return {
+            "reward/calls": float(self._calls),
+            "reward/ok": float(self._counts[RewardStatus.ok]),
+            "reward/timeouts": float(self._counts[RewardStatus.timeout]),
+            "reward/sandbox_errors": float(self._counts[RewardStatus.sandbox_error]),
+            "reward/parse_errors": float(self._counts[RewardStatus.parse_error]),
+            "reward/mean_latency_s": self._latency_sum_s / self._calls if self._calls else 0.0,
+            "reward/worker_restarts": float(self._worker_restarts),
+        }
