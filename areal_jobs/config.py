@@ -187,6 +187,7 @@ class TrainerConfig:
     tp_size: int = 1  # megatron only
     pp_size: int = 1  # megatron only
     dp_size: int = 1  # megatron only; trainer processes = tp * pp * dp
+    megatron_vocab_multiple: int = 128  # megatron only: vocab padded to a multiple of this; tp must divide it
     batch_wait_timeout_s: float = 1800.0  # no trajectories for this long = rollout side is dead
 
     def __post_init__(self) -> None:
@@ -196,6 +197,8 @@ class TrainerConfig:
             raise ValueError("trainer.total_steps must be >= 1")
         if self.max_tokens_per_microbatch < 16:
             raise ValueError("trainer.max_tokens_per_microbatch must be >= 16")
+        if self.megatron_vocab_multiple % self.tp_size:  # megatron: padded vocab splits evenly over TP
+            raise ValueError(f"trainer.megatron_vocab_multiple must be a multiple of trainer.tp_size={self.tp_size}")
 
 
 @dataclass
@@ -222,7 +225,20 @@ class RewardConfig:
     code_max_open_files: int = 64  # RLIMIT_NOFILE per program
     code_wall_timeout_s: float = 10.0
     code_max_output_bytes: int = 1 << 20  # untrusted stdout/stderr is read up to this size
-    network_isolation: NetworkIsolation = NetworkIsolation.auto
+    network_isolation: NetworkIsolation = NetworkIsolation.auto  # netns also brings PID + mount namespaces
+    code_sandbox_uid: int = 65534  # uid programs run as when we are root (nobody); -1 = keep ours
+    code_sandbox_gid: int = 65534  # gid programs run as when we are root (nogroup)
+    code_tmpfs_mb: int = 64  # namespace mode: size cap of the program's private writable work dir
+    code_python: str = ""  # interpreter for programs (run -I -S: stdlib only); empty = the worker's
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError("reward.num_workers must be >= 1")
+        if self.timeout_s <= self.code_wall_timeout_s:
+            raise ValueError(
+                "reward.timeout_s must exceed reward.code_wall_timeout_s (a call includes its sandbox run): "
+                f"e.g. reward.timeout_s={self.code_wall_timeout_s * 3:g}"
+            )
 
 
 @dataclass
