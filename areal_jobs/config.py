@@ -9,6 +9,7 @@ component only its own slice.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,22 +251,33 @@ class CheckpointConfig:
     resume: bool = True  # resume from runs/<name>/checkpoints when present
 
 
+# SLURM --time: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"
+_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 @dataclass
 class ClusterConfig:
-    """Where the job runs. Cluster mode renders one heterogeneous SLURM job."""
+    """Where the job runs. Cluster mode renders one heterogeneous SLURM job (launch/plan.py
+    decides the layout, launch/render.py writes the script); local mode runs launch.local."""
 
     kind: ClusterKind = ClusterKind.local
-    nodes: int = 1
-    gpus_per_node: int = 8
-    rollout_fraction: float = 0.75  # share of nodes that run rollout servers
-    partition: str = ""
-    account: str = ""
-    qos: str = ""
-    time_limit: str = "24:00:00"
-    cpus_per_task: int = 8
+    nodes: int = 1  # total nodes of the heterogeneous job (rollout + trainer)
+    gpus_per_node: int = 8  # GPUs requested on every node (--gres=gpu:N)
+    rollout_fraction: float = 0.75  # share of nodes that run rollout servers (rounded down)
+    servers_per_node: int = 0  # rollout servers per node; 0 = gpus_per_node / rollout.tp_size
+    partition: str = ""  # --partition; empty = the cluster's default partition
+    account: str = ""  # --account; empty = the user's default account
+    qos: str = ""  # --qos; empty = the account's default QOS
+    time_limit: str = "24:00:00"  # --time, SLURM format (e.g. 2-00:00:00)
+    cpus_per_task: int = 8  # --cpus-per-task for every server and trainer task
     mem_per_node: str = ""  # e.g. "1800G"; empty = SLURM default
+    sbatch_args: list[str] = field(default_factory=list)  # extra options for both components
     container_image: str = ""  # pyxis --container-image; empty = bare metal
-    container_mounts: str = ""
+    container_mounts: str = ""  # pyxis --container-mounts (src:dst[,src:dst])
+    workdir: str = ""  # --chdir of the job (shared FS); empty = the directory `make submit` runs in
+    python: str = ""  # interpreter on the nodes; empty = the one running launch.submit
+    master_port: int = 29500  # trainer torch.distributed MASTER_PORT on the first trainer node
     loopback: bool = False  # every fake node is this host (local_slurm tests): use 127.0.0.1
     requeue_signal_s: int = 300  # --signal=B:USR1@<s>: checkpoint and requeue before the limit
     nccl_env: dict[str, str] = field(default_factory=dict)  # NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...
@@ -273,8 +285,33 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.nodes < 1:
             raise ValueError("cluster.nodes must be >= 1")
+        if self.gpus_per_node < 1:
+            raise ValueError("cluster.gpus_per_node must be >= 1")
         if not 0.0 < self.rollout_fraction < 1.0:
             raise ValueError("cluster.rollout_fraction must be in (0, 1), e.g. cluster.rollout_fraction=0.75")
+        if self.servers_per_node < 0:
+            raise ValueError("cluster.servers_per_node must be >= 0 (0 = gpus_per_node / rollout.tp_size)")
+        if self.cpus_per_task < 1:
+            raise ValueError("cluster.cpus_per_task must be >= 1")
+        if not _SLURM_TIME.match(self.time_limit):
+            raise ValueError(
+                f"cluster.time_limit={self.time_limit!r} is not a SLURM time: use e.g. "
+                "cluster.time_limit=24:00:00 or cluster.time_limit=2-00:00:00"
+            )
+        if not 0 <= self.requeue_signal_s <= 65535:
+            raise ValueError("cluster.requeue_signal_s must be in [0, 65535] (0 = no USR1 before the limit)")
+        if not 0 < self.master_port < 65536:
+            raise ValueError("cluster.master_port must be a TCP port in [1, 65535]")
+        bad = [key for key in self.nccl_env if not _ENV_NAME.match(key)]
+        if bad:
+            raise ValueError(f"cluster.nccl_env has keys that are not environment variable names: {bad}")
+
+
+@dataclass
+class LaunchConfig:
+    """How launch.submit handles the rendered job."""
+
+    dry_run: bool = False  # render and write the script and config, but do not call sbatch
 
 
 @dataclass
@@ -307,6 +344,7 @@ class JobConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 
 
