@@ -1,0 +1,106 @@
+"""Shared fixtures for reward tests that run real subprocesses: a real RewardService on its own
+event loop, small sandbox limits, and a check that no sandboxed process outlives its call."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from areal_jobs.api import RewardRequest, RewardResult
+from areal_jobs.config import RewardConfig
+from areal_jobs.reward.sandbox import namespaces_unavailable_reason
+from areal_jobs.reward.service import RewardService
+
+REPO = Path(__file__).resolve().parents[3]
+SHARED_DATA = REPO / ".." / "shared" / "data"
+FIXTURES = REPO / "tests" / "fixtures"
+
+# Small limits keep hostile programs cheap on a 2-core machine; real defaults are in RewardConfig.
+SMALL_LIMITS = {
+    "code_wall_timeout_s": 3.0,
+    "code_cpu_s": 2,
+    "code_memory_mb": 512,
+    "code_max_procs": 16,
+    "code_max_output_bytes": 1 << 16,
+}
+
+
+@dataclass
+class Scorer:
+    """A started RewardService plus the event loop that drives it (one loop per fixture)."""
+
+    service: RewardService
+    loop: asyncio.AbstractEventLoop
+
+    def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]:
+        return self.loop.run_until_complete(self.service.score_group(requests))
+
+
+def start_scorer(cfg: RewardConfig) -> Scorer:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    service = RewardService(cfg)
+    service.start()
+    return Scorer(service, loop)
+
+
+def stop_scorer(scorer: Scorer) -> None:
+    scorer.service.close()
+    scorer.loop.close()
+    asyncio.set_event_loop(None)
+
+
+@pytest.fixture(scope="module")
+def scorer() -> Iterator[Scorer]:
+    """Two workers (the CI machine has 2 cores) with small sandbox limits."""
+    s = start_scorer(RewardConfig(num_workers=2, timeout_s=20.0, **SMALL_LIMITS))
+    yield s
+    stop_scorer(s)
+
+
+@pytest.fixture(scope="session")
+def namespaces() -> bool:
+    """True when the sandbox runs in network/PID/mount namespaces here (root with unshare)."""
+    return namespaces_unavailable_reason() is None
+
+
+def sandbox_processes() -> list[int]:
+    """Pids of live sandboxed processes: boot scripts, namespace inits and programs (cwd in a
+    sandbox work dir). Zombies and processes that vanish while we look are skipped."""
+    prefix = os.path.join(tempfile.gettempdir(), "areal-sbx-")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (b"sandbox_boot.py" in cmdline or cwd.startswith(prefix)):
+            found.append(int(entry))
+    return found
+
+
+def wait_until_no_sandbox_processes(limit_s: float = 10.0) -> list[int]:
+    """Poll (bounded) until no sandboxed process is left; returns the survivors, if any."""
+    deadline = time.monotonic() + limit_s
+    survivors = sandbox_processes()
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.1)
+        survivors = sandbox_processes()
+    return survivors
+
+
+@pytest.fixture
+def leftover_sandbox_processes() -> Callable[[], list[int]]:
+    """Call it after an attack: the sandboxed processes still alive after a bounded wait."""
+    return wait_until_no_sandbox_processes

@@ -1,0 +1,77 @@
+"""HumanEval grading through the real service: canonical solutions pass, empty bodies fail."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from areal_jobs.api import RewardRequest, RewardStatus
+
+REPO = Path(__file__).resolve().parents[3]
+SHARED_HUMANEVAL = REPO / ".." / "shared" / "data" / "humaneval" / "humaneval.jsonl"
+FIXTURE_HUMANEVAL = REPO / "tests" / "fixtures" / "humaneval" / "humaneval_head20.jsonl"
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _reference(row: dict) -> str:
+    return json.dumps({"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]})
+
+
+def _check_canonical_pass_and_empty_fail(scorer, rows: list[dict]) -> None:
+    requests = [RewardRequest("humaneval", row["canonical_solution"], _reference(row)) for row in rows]
+    requests += [RewardRequest("humaneval", "    pass\n", _reference(row)) for row in rows]
+    results = scorer.score(requests)
+    canonical, empty = results[: len(rows)], results[len(rows) :]
+    failed = [(row["task_id"], r.detail) for row, r in zip(rows, canonical, strict=True) if r.reward != 1.0]
+    assert failed == []
+    passed = [row["task_id"] for row, r in zip(rows, empty, strict=True) if r.reward != 0.0]
+    assert passed == []
+    assert all(r.status is RewardStatus.ok for r in results)
+
+
+def test_fixture_canonical_solutions_pass_and_empty_bodies_fail(scorer) -> None:
+    rows = _rows(FIXTURE_HUMANEVAL)
+    assert len(rows) == 20
+    _check_canonical_pass_and_empty_fail(scorer, rows)
+
+
+@pytest.mark.timeout(240)
+def test_all_canonical_solutions_pass_and_empty_bodies_fail(scorer) -> None:
+    if not SHARED_HUMANEVAL.exists():
+        pytest.skip(
+            f"shared HumanEval data not found at {SHARED_HUMANEVAL} (CI has shared/ beside the checkout)"
+        )
+    rows = _rows(SHARED_HUMANEVAL)
+    assert len(rows) == 120
+    _check_canonical_pass_and_empty_fail(scorer, rows)
+
+
+def test_response_forms(scorer) -> None:
+    row = _rows(FIXTURE_HUMANEVAL)[0]
+    full_def = row["prompt"] + row["canonical_solution"]
+    wrong_body = (
+        "    return not " + row["canonical_solution"].strip().splitlines()[-1].split("return ", 1)[1] + "\n"
+    )
+    responses = {
+        "body": (row["canonical_solution"], 1.0),
+        "whole function in a fence": (f"Sure:\n```python\n{full_def}```\nHope it helps.", 1.0),
+        "whole function, no fence": (full_def, 1.0),
+        "wrong body": (wrong_body, 0.0),
+        "syntax error": ("    return (((\n", 0.0),
+    }
+    results = scorer.score(
+        [RewardRequest("humaneval", text, _reference(row)) for text, _ in responses.values()]
+    )
+    for (name, (_, expected)), result in zip(responses.items(), results, strict=True):
+        assert result.reward == expected, (name, result)
+
+
+def test_empty_completion_is_a_parse_error(scorer) -> None:
+    row = _rows(FIXTURE_HUMANEVAL)[0]
+    [result] = scorer.score([RewardRequest("humaneval", "```python\n```", _reference(row))])
+    assert (result.reward, result.status) == (0.0, RewardStatus.parse_error)

@@ -1,0 +1,143 @@
+"""The sandbox on real subprocesses: output, limits, scrubbed environment, isolation, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+
+import pytest
+
+from areal_jobs.config import NetworkIsolation
+from areal_jobs.reward import sandbox
+from areal_jobs.reward.sandbox import SandboxLimits, run_program
+
+LIMITS = SandboxLimits(cpu_s=2, wall_timeout_s=3.0, memory_mb=512, max_procs=16, max_output_bytes=1 << 16)
+
+
+def run(source: str, stdin: bytes = b"", limits: SandboxLimits = LIMITS) -> sandbox.SandboxRun:
+    return run_program({"main.py": source}, stdin, limits)
+
+
+def test_program_reads_stdin_and_writes_stdout() -> None:
+    result = run("import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", b"1 2 3\n")
+    assert result.exited_cleanly
+    assert result.stdout == b"6\n"
+
+
+def test_exit_status_and_stderr_are_reported() -> None:
+    result = run("import sys\nsys.stderr.write('boom')\nsys.exit(3)")
+    assert result.started and result.returncode == 3 and result.stderr == b"boom"
+    assert not result.exited_cleanly
+
+
+def test_large_stdin_is_delivered_whole() -> None:
+    data = b"x" * 300_000  # beyond a pipe buffer: goes through an unlinked file
+    result = run("import sys\nprint(len(sys.stdin.buffer.read()))", data)
+    assert result.stdout == b"300000\n"
+
+
+def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AREAL_PLANTED_SECRET", "hunter2")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    result = run("import os\nprint(sorted(os.environ))")
+    assert result.stdout == b"['HOME', 'LANG', 'PATH', 'TMPDIR']\n"
+
+
+def test_work_dir_is_private_writable_and_removed() -> None:
+    source = "import os\nopen('scratch.txt', 'w').write('x' * 1000)\nprint(os.getcwd())\nprint(oct(os.stat('.').st_mode & 0o777))"
+    result = run(source)
+    assert result.exited_cleanly
+    workdir, mode = result.stdout.decode().split()
+    assert workdir.startswith(os.path.join(tempfile.gettempdir(), "areal-sbx-"))
+    assert mode == "0o700"
+    assert not os.path.exists(workdir)
+
+
+def test_wall_clock_timeout_kills_a_sleeper(leftover_sandbox_processes) -> None:
+    result = run("import os, time\nos.fork()\ntime.sleep(60)")
+    assert result.started and result.timed_out and not result.exited_cleanly
+    assert leftover_sandbox_processes() == []
+
+
+def test_cpu_limit_stops_a_busy_loop() -> None:
+    result = run("while True:\n    pass", limits=SandboxLimits(cpu_s=1, wall_timeout_s=20.0))
+    assert result.timed_out
+    assert result.returncode == -signal.SIGXCPU  # the CPU limit fired, not the 20 s wall clock
+
+
+def test_output_is_capped() -> None:
+    result = run("import sys\nwhile True:\n    sys.stdout.write('y' * 65536)")
+    assert result.output_capped and not result.timed_out
+    assert len(result.stdout) <= LIMITS.max_output_bytes + (1 << 16)
+
+
+def test_memory_limit() -> None:
+    result = run("x = bytearray(2 * 1024**3)\nprint('allocated')")
+    assert result.started and result.returncode != 0 and b"MemoryError" in result.stderr
+
+
+def test_file_size_limit() -> None:
+    result = run("open('big', 'wb').write(b'z' * (64 * 1024 * 1024))\nprint('wrote')", limits=LIMITS)
+    assert result.returncode != 0 and b"wrote" not in result.stdout
+
+
+def test_sandbox_failure_is_not_a_program_failure() -> None:
+    result = run("print(1)", limits=SandboxLimits(python="/nonexistent/python3"))
+    assert not result.started
+    assert result.error
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to the sandbox uid needs root")
+def test_program_runs_as_the_unprivileged_sandbox_uid() -> None:
+    result = run("import os\nprint(os.getuid(), os.getgid(), os.getgroups())")
+    assert result.stdout == b"65534 65534 []\n"
+
+
+def test_namespace_isolation(namespaces: bool) -> None:
+    if not namespaces:
+        pytest.skip(f"namespaces unavailable: {sandbox.namespaces_unavailable_reason()}")
+    source = (
+        "import os, socket\n"
+        "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print([name for _, name in socket.if_nameindex()])\n"
+        "try:\n    open('/usr/areal_probe', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+    )
+    result = run(source)
+    lines = result.stdout.decode().splitlines()
+    assert lines[0] == "[1, 2]"  # the namespace's init and the program: nothing of the host
+    assert lines[1] == "['lo']"
+    assert lines[2] in ("13", "30")  # EACCES (not root) or EROFS (read-only remount)
+
+
+def _world_executable(path: str) -> bool:
+    """Can any uid run `path`? (every directory on the way o+x, the file o+x)"""
+    path = os.path.realpath(path)
+    parts = [path] + [os.path.dirname(path)]
+    while parts[-1] != "/":
+        parts.append(os.path.dirname(parts[-1]))
+    return os.path.exists(path) and all(os.stat(p).st_mode & 0o001 for p in parts)
+
+
+def test_required_netns_fails_loudly_when_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "namespaces_unavailable_reason", lambda: "no CAP_SYS_ADMIN (simulated)")
+    required = run("print(1)", limits=SandboxLimits(isolation=NetworkIsolation.netns))
+    assert not required.started and "netns" in required.error
+    # Without namespaces the sandbox uid must reach the interpreter itself (no bind mount).
+    python = next((p for p in (sys.executable, "/usr/bin/python3") if _world_executable(p)), None)
+    if python is None:
+        pytest.skip("no interpreter here that the sandbox uid can execute without a bind mount")
+    fallback = run("print(1)", limits=SandboxLimits(isolation=NetworkIsolation.auto, python=python))
+    assert fallback.exited_cleanly and fallback.stdout == b"1\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs root")
+def test_fallback_reports_an_unreachable_interpreter(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setattr(sandbox, "namespaces_unavailable_reason", lambda: "simulated")
+    hidden = tmp_path / "private"
+    hidden.mkdir(mode=0o700)
+    python = hidden / "python3"
+    python.symlink_to(os.path.realpath(sys.executable))
+    result = run("print(1)", limits=SandboxLimits(python=str(python)))
+    assert not result.started and "reward.code_python" in result.error
