@@ -61,7 +61,7 @@ class SandboxLimits:
     max_output_bytes: int = 1 << 20
     tmpfs_mb: int = 64
     isolation: NetworkIsolation = NetworkIsolation.auto
-    uid: int = 65534  # used only when we are root; -1 = keep ours
+    uid: int = 65534  # programs run as this uid/gid when we are root (never 0 or -1 then)
     gid: int = 65534
     python: str = ""  # empty = the interpreter running this code
 
@@ -172,8 +172,14 @@ def run_program(files: dict[str, str], stdin: bytes, limits: SandboxLimits) -> S
 
 
 def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLimits) -> SandboxRun:
+    if os.geteuid() == 0 and (limits.uid <= 0 or limits.gid <= 0):
+        # Root can signal every process, write every file and remount anything, namespaces or
+        # not: untrusted code never keeps it.
+        raise RuntimeError(
+            "refusing to run untrusted code as root: set reward.code_sandbox_uid to an unprivileged uid"
+        )
     namespaces = _use_namespaces(limits.isolation)
-    drop_uid = limits.uid >= 0 and os.geteuid() == 0
+    drop_uid = os.geteuid() == 0
     for name, text in files.items():
         Path(workdir, name).write_text(text)
         if drop_uid and not namespaces:  # namespace mode copies them into a tmpfs it owns

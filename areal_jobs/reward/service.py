@@ -171,8 +171,13 @@ class RewardService:
         logger.warning("reward worker %d replaced (%d replacements so far)", index, self._worker_restarts)
         return self._workers[index]
 
+    def worker_pids(self) -> list[int]:
+        """Pids of the current workers (for health checks and tests)."""
+        return [w.process.pid for w in self._workers if w.process.pid is not None]
+
     def metrics(self) -> dict[str, float]:
-        """Flat counters since start, under reward/."""
+        """Flat counters since start under reward/, plus the busy-worker gauge."""
+        idle = self._idle.qsize() if self._idle is not None else 0
         return {
             "reward/calls": float(self._calls),
             "reward/ok": float(self._counts[RewardStatus.ok]),
@@ -181,4 +186,5 @@ class RewardService:
             "reward/parse_errors": float(self._counts[RewardStatus.parse_error]),
             "reward/mean_latency_s": self._latency_sum_s / self._calls if self._calls else 0.0,
             "reward/worker_restarts": float(self._worker_restarts),
+            "reward/busy_workers": float(len(self._workers) - idle),
         }

@@ -4,6 +4,7 @@ event loop, small sandbox limits, and a check that no sandboxed process outlives
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -43,26 +44,37 @@ class Scorer:
         return self.loop.run_until_complete(self.service.score_group(requests))
 
 
-def start_scorer(cfg: RewardConfig) -> Scorer:
+@contextlib.contextmanager
+def running_scorer(cfg: RewardConfig) -> Iterator[Scorer]:
+    """A started RewardService on a fresh event loop; closed on exit."""
     loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
     service = RewardService(cfg)
-    service.start()
-    return Scorer(service, loop)
+    try:
+        asyncio.set_event_loop(loop)
+        service.start()
+        yield Scorer(service, loop)
+    finally:
+        service.close()
+        loop.close()
+        asyncio.set_event_loop(None)
 
 
-def stop_scorer(scorer: Scorer) -> None:
-    scorer.service.close()
-    scorer.loop.close()
-    asyncio.set_event_loop(None)
+@pytest.fixture(scope="session")
+def small_limits() -> dict[str, float]:
+    return dict(SMALL_LIMITS)
+
+
+@pytest.fixture(scope="session")
+def scorer_factory() -> Callable[[RewardConfig], contextlib.AbstractContextManager[Scorer]]:
+    """`with scorer_factory(cfg) as s:` gives a started service with its own event loop."""
+    return running_scorer
 
 
 @pytest.fixture(scope="module")
 def scorer() -> Iterator[Scorer]:
     """Two workers (the CI machine has 2 cores) with small sandbox limits."""
-    s = start_scorer(RewardConfig(num_workers=2, timeout_s=20.0, **SMALL_LIMITS))
-    yield s
-    stop_scorer(s)
+    with running_scorer(RewardConfig(num_workers=2, timeout_s=20.0, **SMALL_LIMITS)) as s:
+        yield s
 
 
 @pytest.fixture(scope="session")
@@ -100,7 +112,7 @@ def wait_until_no_sandbox_processes(limit_s: float = 10.0) -> list[int]:
     return survivors
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def leftover_sandbox_processes() -> Callable[[], list[int]]:
     """Call it after an attack: the sandboxed processes still alive after a bounded wait."""
     return wait_until_no_sandbox_processes

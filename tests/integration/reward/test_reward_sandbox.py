@@ -89,6 +89,15 @@ def test_sandbox_failure_is_not_a_program_failure() -> None:
     assert result.error
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root has privileges to keep")
+@pytest.mark.parametrize("uid", [-1, 0])
+def test_root_never_runs_untrusted_code_as_root(uid: int, tmp_path) -> None:
+    marker = tmp_path / "ran"
+    result = run(f"open({str(marker)!r}, 'w')", limits=SandboxLimits(uid=uid))
+    assert not result.started and "refusing" in result.error
+    assert not marker.exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping to the sandbox uid needs root")
 def test_program_runs_as_the_unprivileged_sandbox_uid() -> None:
     result = run("import os\nprint(os.getuid(), os.getgid(), os.getgroups())")
