@@ -227,7 +227,7 @@ class RewardConfig:
     code_wall_timeout_s: float = 10.0
     code_max_output_bytes: int = 1 << 20  # untrusted stdout/stderr is read up to this size
     network_isolation: NetworkIsolation = NetworkIsolation.auto  # netns also brings PID + mount namespaces
-    code_sandbox_uid: int = 65534  # uid programs run as when we are root (nobody); -1 = keep ours
+    code_sandbox_uid: int = 65534  # uid programs run as when we are root (nobody); never 0 or -1 as root
     code_sandbox_gid: int = 65534  # gid programs run as when we are root (nogroup)
     code_tmpfs_mb: int = 64  # namespace mode: size cap of the program's private writable work dir
     code_python: str = ""  # interpreter for programs (run -I -S: stdlib only); empty = the worker's
@@ -235,6 +235,8 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError("reward.num_workers must be >= 1")
+        if self.code_sandbox_uid == 0 or self.code_sandbox_gid == 0:
+            raise ValueError("reward.code_sandbox_uid/gid=0 would run untrusted code as root: use 65534 (nobody)")
         if self.timeout_s <= self.code_wall_timeout_s:
             raise ValueError(
                 "reward.timeout_s must exceed reward.code_wall_timeout_s (a call includes its sandbox run): "
