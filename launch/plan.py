@@ -1,0 +1,241 @@
+"""Allocation planner: how one heterogeneous SLURM job splits its nodes between roles.
+
+Pure functions of the config slices, no I/O. Group 0 gets `floor(nodes * rollout_fraction)` nodes
+of rollout servers (one per `rollout.tp_size` GPUs); group 1 gets the rest: one trainer task per GPU
+(Megatron TP x PP x DP, DP derived) plus the rollout controller on its first node. Every layout
+that cannot run raises ValueError naming the override to change.
+
+Worked example (conf/experiment/math_qwen2_1p5b.yaml): 64 nodes x 8 GPUs, fraction 0.75, rollout
+TP 1, trainer TP 1 x PP 1 -> 48 rollout nodes (384 GPUs, 384 servers) + 16 trainer nodes
+(128 GPUs, DP 128).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from areal_jobs.config import (
+    AlgoConfig,
+    ClusterConfig,
+    JobConfig,
+    RolloutConfig,
+    TrainerBackend,
+    TrainerConfig,
+    WeightSyncConfig,
+)
+
+# Ports used when the config leaves them at 0 ("any free port" only works on one machine).
+DEFAULT_SERVER_BASE_PORT = 30000
+DEFAULT_CONTROLLER_PORT = 29600
+DEFAULT_WEIGHT_SYNC_PORT = 29700
+
+
+@dataclass(frozen=True)
+class AllocationPlan:
+    """The layout of one heterogeneous job: group 0 = rollout, group 1 = trainer + controller."""
+
+    gpus_per_node: int
+    rollout_nodes: int
+    servers_per_node: int
+    rollout_tp: int
+    trainer_nodes: int
+    trainer_tasks_per_node: int  # one per GPU for Megatron; 1 for the single-process torch backend
+    trainer_tp: int
+    trainer_pp: int
+    trainer_dp: int
+    server_base_port: int  # server i listens on server_base_port + i
+    controller_port: int  # trajectories; control channel on controller_port + 1
+    weight_sync_port: int  # store of the weight-broadcast group, on the first trainer node
+    trainer_master_port: int  # torch.distributed MASTER_PORT of the trainer ranks
+
+    @property
+    def nodes(self) -> int:
+        return self.rollout_nodes + self.trainer_nodes
+
+    @property
+    def num_servers(self) -> int:
+        return self.rollout_nodes * self.servers_per_node
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.rollout_nodes * self.gpus_per_node
+
+    @property
+    def trainer_gpus(self) -> int:
+        return self.trainer_nodes * self.gpus_per_node
+
+    @property
+    def trainer_world_size(self) -> int:
+        return self.trainer_nodes * self.trainer_tasks_per_node
+
+    def describe(self) -> str:
+        """One line for the script header and the submit output."""
+        return (
+            f"{self.nodes} nodes x {self.gpus_per_node} GPUs = {self.rollout_nodes} rollout nodes "
+            f"({self.rollout_gpus} GPUs, {self.num_servers} servers of TP {self.rollout_tp}) + "
+            f"{self.trainer_nodes} trainer nodes ({self.trainer_gpus} GPUs, {self.trainer_world_size} ranks: "
+            f"TP {self.trainer_tp} x PP {self.trainer_pp} x DP {self.trainer_dp})"
+        )
+
+
+def split_nodes(cluster: ClusterConfig) -> tuple[int, int]:
+    """(rollout nodes, trainer nodes): the rollout share is rounded down, both must be >= 1."""
+    if cluster.nodes < 2:
+        raise ValueError(
+            f"cluster.nodes={cluster.nodes}: a heterogeneous job needs at least one rollout node and one "
+            "trainer node: set cluster.nodes>=2 (or cluster=local to run on this machine)"
+        )
+    # the epsilon keeps 30 * 0.7 = 20.999... from rounding down to 20
+    rollout_nodes = math.floor(cluster.nodes * cluster.rollout_fraction + 1e-9)
+    if rollout_nodes < 1:
+        raise ValueError(
+            f"cluster.rollout_fraction={cluster.rollout_fraction} of cluster.nodes={cluster.nodes} leaves no "
+            "rollout node: raise cluster.rollout_fraction or cluster.nodes"
+        )
+    if rollout_nodes == cluster.nodes:
+        raise ValueError(
+            f"cluster.rollout_fraction={cluster.rollout_fraction} of cluster.nodes={cluster.nodes} leaves no "
+            "trainer node: lower cluster.rollout_fraction"
+        )
+    return rollout_nodes, cluster.nodes - rollout_nodes
+
+
+def _servers_per_node(cluster: ClusterConfig, rollout: RolloutConfig) -> int:
+    gpus, tp = cluster.gpus_per_node, rollout.tp_size
+    if tp > gpus or gpus % tp:
+        choices = [d for d in range(1, gpus + 1) if gpus % d == 0]
+        raise ValueError(
+            f"rollout.tp_size={tp} must divide cluster.gpus_per_node={gpus} (a server does not span "
+            f"nodes): use rollout.tp_size in {choices}"
+        )
+    fit = gpus // tp
+    if cluster.servers_per_node > fit:
+        raise ValueError(
+            f"cluster.servers_per_node={cluster.servers_per_node} servers of rollout.tp_size={tp} need more "
+            f"than cluster.gpus_per_node={gpus} GPUs: set cluster.servers_per_node<={fit} (0 = {fit})"
+        )
+    return cluster.servers_per_node or fit
+
+
+def _trainer_layout(
+    cluster: ClusterConfig, trainer: TrainerConfig, algo: AlgoConfig, trainer_nodes: int
+) -> tuple[int, int, int, int]:
+    """(tasks per node, tp, pp, dp) of the trainer group."""
+    gpus = trainer_nodes * cluster.gpus_per_node
+    if trainer.backend is TrainerBackend.torch:
+        if gpus != 1:
+            raise ValueError(
+                f"trainer.backend=torch runs one process, but the trainer group has {gpus} GPUs "
+                f"({trainer_nodes} nodes x cluster.gpus_per_node={cluster.gpus_per_node}): use "
+                "trainer=megatron, or cluster.gpus_per_node=1 with one trainer node"
+            )
+        return 1, 1, 1, 1
+    tp, pp = trainer.tp_size, trainer.pp_size
+    if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
+        raise ValueError(
+            f"trainer.tp_size={tp} must divide cluster.gpus_per_node={cluster.gpus_per_node} "
+            "(tensor parallelism stays inside a node): lower trainer.tp_size"
+        )
+    if gpus % (tp * pp):
+        raise ValueError(
+            f"trainer.tp_size={tp} x trainer.pp_size={pp} does not divide the {gpus} trainer GPUs: change "
+            "trainer.pp_size, trainer.tp_size, cluster.nodes or cluster.rollout_fraction"
+        )
+    dp = gpus // (tp * pp)
+    if trainer.dp_size not in (1, dp):
+        raise ValueError(
+            f"trainer.dp_size={trainer.dp_size}, but {gpus} trainer GPUs / (TP {tp} x PP {pp}) give DP {dp}: "
+            "drop the trainer.dp_size override (it is derived) or change cluster.nodes"
+        )
+    samples = algo.batch_size * algo.group_size
+    if samples < dp:
+        raise ValueError(
+            f"algo.batch_size={algo.batch_size} x algo.group_size={algo.group_size} = {samples} samples per "
+            f"step cannot feed {dp} data-parallel ranks: raise algo.batch_size or lower cluster.nodes"
+        )
+    return cluster.gpus_per_node, tp, pp, dp
+
+
+def _check_ports(plan: AllocationPlan, loopback: bool) -> None:
+    # On the first trainer node: controller (2 ports), weight-sync store, trainer master.
+    named = {
+        "rollout.controller_port": plan.controller_port,
+        "rollout.controller_port+1": plan.controller_port + 1,
+        "weight_sync.master_port": plan.weight_sync_port,
+        "cluster.master_port": plan.trainer_master_port,
+    }
+    # Server i uses base + i; with loopback every server shares the trainer's host.
+    if loopback:
+        for index in range(plan.num_servers):
+            named[f"rollout.base_port+{index}"] = plan.server_base_port + index
+    last = plan.server_base_port + plan.num_servers - 1
+    if last > 65535:
+        raise ValueError(
+            f"rollout.base_port={plan.server_base_port} + {plan.num_servers} servers exceeds 65535"
+        )
+    seen: dict[int, str] = {}
+    for name, port in named.items():
+        if port in seen:
+            raise ValueError(f"{name} and {seen[port]} are both port {port}: change one of them")
+        seen[port] = name
+
+
+def plan_allocation(
+    *,
+    cluster: ClusterConfig,
+    rollout: RolloutConfig,
+    trainer: TrainerConfig,
+    algo: AlgoConfig,
+    weight_sync: WeightSyncConfig,
+) -> AllocationPlan:
+    """Decide the layout of the heterogeneous job, or raise ValueError naming the override."""
+    rollout_nodes, trainer_nodes = split_nodes(cluster)
+    servers_per_node = _servers_per_node(cluster, rollout)
+    tasks_per_node, tp, pp, dp = _trainer_layout(cluster, trainer, algo, trainer_nodes)
+    plan = AllocationPlan(
+        gpus_per_node=cluster.gpus_per_node,
+        rollout_nodes=rollout_nodes,
+        servers_per_node=servers_per_node,
+        rollout_tp=rollout.tp_size,
+        trainer_nodes=trainer_nodes,
+        trainer_tasks_per_node=tasks_per_node,
+        trainer_tp=tp,
+        trainer_pp=pp,
+        trainer_dp=dp,
+        server_base_port=rollout.base_port or DEFAULT_SERVER_BASE_PORT,
+        controller_port=rollout.controller_port or DEFAULT_CONTROLLER_PORT,
+        weight_sync_port=weight_sync.master_port or DEFAULT_WEIGHT_SYNC_PORT,
+        trainer_master_port=cluster.master_port,
+    )
+    _check_ports(plan, cluster.loopback)
+    return plan
+
+
+def plan_job(job: JobConfig) -> AllocationPlan:
+    return plan_allocation(
+        cluster=job.cluster,
+        rollout=job.rollout,
+        trainer=job.trainer,
+        algo=job.algo,
+        weight_sync=job.weight_sync,
+    )
+
+
+def apply_plan(job: JobConfig, plan: AllocationPlan) -> JobConfig:
+    """The config every role reads: server count, derived DP and the fixed ports written in."""
+    replace = dataclasses.replace
+    return replace(
+        job,
+        rollout=replace(
+            job.rollout,
+            num_servers=plan.num_servers,
+            base_port=plan.server_base_port,
+            controller_port=plan.controller_port,
+        ),
+        trainer=replace(
+            job.trainer, tp_size=plan.trainer_tp, pp_size=plan.trainer_pp, dp_size=plan.trainer_dp
+        ),
+        weight_sync=replace(job.weight_sync, master_port=plan.weight_sync_port),
+    )

@@ -1,0 +1,146 @@
+"""Renderer: (JobConfig, AllocationPlan) -> the text of one heterogeneous sbatch script.
+
+Pure: the same inputs give the same bytes (the committed renders in sbatch/ are checked by a
+golden test). The template, sbatch/hetjob.sbatch.tmpl, stays readable bash; it uses `{{ name }}`
+placeholders so that bash's own `$VAR` needs no escaping. Python fills in only values and the
+`#SBATCH` header; all runtime logic (discovery, token, trap, requeue) is in the template.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+from pathlib import Path, PurePosixPath
+
+from areal_jobs.config import ClusterConfig, JobConfig
+from launch.plan import AllocationPlan
+
+TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "sbatch" / "hetjob.sbatch.tmpl"
+
+
+class SbatchTemplate(string.Template):
+    """`{{ name }}` placeholders; anything else starting with `{{` is an error."""
+
+    delimiter = "{{"
+    pattern = r"""
+    \{\{\s*(?:
+      (?P<named>[a-z_][a-z0-9_]*)\s*\}\}
+    | (?P<braced>(?!))
+    | (?P<escaped>(?!))
+    | (?P<invalid>)
+    )"""
+
+
+def run_dir_of(job: JobConfig) -> str:
+    """Absolute run directory on the shared filesystem: run.root/run.name under cluster.workdir."""
+    root = PurePosixPath(job.run.root)
+    if not root.is_absolute():
+        root = PurePosixPath(job.cluster.workdir) / root
+    return str(root / job.run.name)
+
+
+def _job_name(job: JobConfig) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", job.run.name).strip("-") or "areal"
+
+
+def _component(cluster: ClusterConfig, title: str, nodes: int, tasks_per_node: int) -> list[str]:
+    """`#SBATCH` lines of one het component. Partition/account/qos/time are repeated per component
+    (SLURM propagates some of them, not all) so the header reads the same for every group."""
+    lines = [f"# component: {title}"]
+    for option, value in (
+        ("partition", cluster.partition),
+        ("account", cluster.account),
+        ("qos", cluster.qos),
+        ("time", cluster.time_limit),
+    ):
+        if value:
+            lines.append(f"#SBATCH --{option}={value}")
+    resources = (
+        f"#SBATCH --nodes={nodes} --ntasks-per-node={tasks_per_node} "
+        f"--cpus-per-task={cluster.cpus_per_task} --gres=gpu:{cluster.gpus_per_node} --exclusive"
+    )
+    if cluster.mem_per_node:
+        resources += f" --mem={cluster.mem_per_node}"
+    lines.append(resources)
+    lines += [f"#SBATCH {arg}" for arg in cluster.sbatch_args]
+    return lines
+
+
+def sbatch_header(job: JobConfig, plan: AllocationPlan) -> str:
+    """Job-wide options, then group 0 (rollout) and group 1 (trainer + controller)."""
+    cluster = job.cluster
+    run_dir = run_dir_of(job)
+    lines = [
+        f"#SBATCH --job-name={_job_name(job)}",
+        f"#SBATCH --output={run_dir}/logs/sbatch-%j.out",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --chdir={cluster.workdir}",
+        "#SBATCH --requeue",
+    ]
+    if cluster.requeue_signal_s:
+        lines.append(f"#SBATCH --signal=B:USR1@{cluster.requeue_signal_s}")
+    lines += _component(cluster, "0 = rollout servers", plan.rollout_nodes, plan.servers_per_node)
+    lines.append("#SBATCH hetjob")
+    lines += _component(
+        cluster, "1 = trainer + rollout controller", plan.trainer_nodes, plan.trainer_tasks_per_node
+    )
+    return "\n".join(lines)
+
+
+def _srun_container(cluster: ClusterConfig) -> str:
+    if not cluster.container_image:
+        return ""
+    args = [f"--container-image={cluster.container_image}", f"--container-workdir={cluster.workdir}"]
+    if cluster.container_mounts:
+        args.append(f"--container-mounts={cluster.container_mounts}")
+    return " \\\n    " + " ".join(shlex.quote(arg) for arg in args)
+
+
+def _nccl_exports(cluster: ClusterConfig) -> str:
+    if not cluster.nccl_env:
+        return "# (none set)"
+    return "\n".join(
+        f"export {key}={shlex.quote(str(cluster.nccl_env[key]))}" for key in sorted(cluster.nccl_env)
+    )
+
+
+def _check_paths(cluster: ClusterConfig) -> None:
+    if not PurePosixPath(cluster.workdir).is_absolute():
+        raise ValueError(
+            f"cluster.workdir={cluster.workdir!r} must be an absolute path on the shared filesystem "
+            "(launch.submit fills in the current directory when it is empty)"
+        )
+    if not cluster.python:
+        raise ValueError(
+            "cluster.python is empty: set the interpreter the nodes run, e.g. cluster.python=python"
+        )
+
+
+def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = None) -> str:
+    """The sbatch script for `job` laid out by `plan` (pass the planned job: see plan.apply_plan)."""
+    _check_paths(job.cluster)
+    text = template if template is not None else TEMPLATE_PATH.read_text()
+    last_port = plan.server_base_port + plan.num_servers - 1
+    values = {
+        "plan_summary": plan.describe(),
+        "sbatch_header": sbatch_header(job, plan),
+        "run_dir": shlex.quote(run_dir_of(job)),
+        "python": shlex.quote(job.cluster.python),
+        "rollout_tp": str(plan.rollout_tp),
+        "servers_per_node": str(plan.servers_per_node),
+        "trainer_tasks_per_node": str(plan.trainer_tasks_per_node),
+        "loopback": "1" if job.cluster.loopback else "0",
+        "master_port": str(plan.trainer_master_port),
+        "controller_port": str(plan.controller_port),
+        "weight_sync_port": str(plan.weight_sync_port),
+        "server_ports": f"{plan.server_base_port}-{last_port}",
+        "requeue_signal_s": str(job.cluster.requeue_signal_s),
+        "nccl_exports": _nccl_exports(job.cluster),
+        "srun_container": _srun_container(job.cluster),
+    }
+    tmpl = SbatchTemplate(text)
+    unused = set(values) - set(tmpl.get_identifiers())
+    if unused:
+        raise ValueError(f"template {TEMPLATE_PATH.name} lacks placeholders {sorted(unused)}")
+    return tmpl.substitute(values)

@@ -1,0 +1,132 @@
+"""Submit one heterogeneous SLURM job per config: `make submit EXP=<experiment> OVERRIDES="..."`.
+
+    python -m launch.submit experiment=math_qwen2_1p5b cluster.nodes=64 algo.max_staleness=8
+    python -m launch.submit experiment=math_qwen2_1p5b launch.dry_run=true      # render only
+    python -m launch.submit -m experiment=math_qwen2_1p5b algo.max_staleness=0,4,8   # 3 jobs
+
+Hydra composes conf/submit.yaml (conf/config.yaml plus launcher settings); the config is planned
+(launch/plan.py), written with the plan's values to <run dir>/config.yaml next to the rendered
+<run dir>/job.sbatch (launch/render.py), and handed to `sbatch --parsable` (launch/slurm.py).
+SLURM refuses job arrays of heterogeneous jobs, so a multirun is Hydra's basic launcher calling
+this task once per combination, each with its own run directory and its own job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from areal_jobs.config import (
+    ClusterKind,
+    JobConfig,
+    register_configs,
+    save_job_config,
+    to_job_config,
+)
+from launch.plan import AllocationPlan, apply_plan, plan_job
+from launch.render import render_sbatch, run_dir_of
+from launch.slurm import Slurm, SlurmCli, SlurmError
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """Everything a submission writes: the planned config, its plan and the script text."""
+
+    job: JobConfig
+    plan: AllocationPlan
+    script: str
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(run_dir_of(self.job))
+
+
+def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> PreparedJob:
+    """Pure: fill the submission-time defaults, plan the layout and render the script."""
+    if job.cluster.kind is not ClusterKind.slurm:
+        raise ValueError(
+            f"cluster.kind={job.cluster.kind.value} does not submit to SLURM: pick a SLURM cluster, e.g. "
+            "cluster=h800 or cluster=local_slurm (`make run` starts the pipeline on this machine)"
+        )
+    cluster = dataclasses.replace(
+        job.cluster, workdir=job.cluster.workdir or cwd, python=job.cluster.python or python
+    )
+    name = f"{job.run.name}/{name_suffix}" if name_suffix else job.run.name
+    root = job.run.root if Path(job.run.root).is_absolute() else str(Path(cluster.workdir) / job.run.root)
+    job = dataclasses.replace(job, cluster=cluster, run=dataclasses.replace(job.run, name=name, root=root))
+    plan = plan_job(job)
+    job = apply_plan(job, plan)
+    return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan))
+
+
+def write_run_dir(prepared: PreparedJob) -> Path:
+    """Write config.yaml and job.sbatch; create logs/ (sbatch does not create --output dirs)."""
+    run_dir = prepared.run_dir
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    save_job_config(prepared.job, run_dir / "config.yaml")
+    script = run_dir / "job.sbatch"
+    script.write_text(prepared.script)
+    script.chmod(0o755)
+    return script
+
+
+def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
+    """Write the run directory and submit (unless dry_run). Returns the job id."""
+    resumes = (prepared.run_dir / "checkpoints").exists()
+    script = write_run_dir(prepared)
+    print(f"plan: {prepared.plan.describe()}")
+    print(f"run dir: {prepared.run_dir}")
+    if dry_run:
+        print(f"dry run: wrote {script} and {prepared.run_dir / 'config.yaml'}; nothing submitted")
+        return None
+    job_id = slurm.submit(script)
+    with (prepared.run_dir / "jobs.txt").open("a") as jobs:
+        jobs.write(f"{job_id}\n")
+    if resumes:
+        print("note: the run dir has checkpoints: the job resumes from the latest one (checkpoint.resume)")
+    print(f"submitted job {job_id}")
+    print(f"  follow:  tail -F {prepared.run_dir}/logs/*.log")
+    print(f"  status:  make status JOB={job_id}")
+    print(f"  cancel:  make cancel JOB={job_id}")
+    return job_id
+
+
+def sweep_suffix(argv: list[str], task_overrides: list[str]) -> str:
+    """Run-name suffix of one multirun job: its values of the swept keys, e.g. `max_staleness=4`."""
+    parser = OverridesParser.create()
+    swept = {
+        o.key_or_group
+        for o in parser.parse_overrides([a for a in argv if not a.startswith("-")])
+        if o.is_sweep_override()
+    }
+    parts = [o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") in swept]
+    return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", ",".join(parts))
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="submit")
+def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    suffix = ""
+    if hydra_cfg.mode is RunMode.MULTIRUN:
+        suffix = sweep_suffix(sys.argv[1:], list(hydra_cfg.overrides.task)) or str(hydra_cfg.job.num)
+    try:
+        job = to_job_config(cfg)
+        prepared = prepare(job, cwd=hydra_cfg.runtime.cwd, python=sys.executable, name_suffix=suffix)
+        submit(prepared, SlurmCli(), dry_run=job.launch.dry_run)
+    except (ValueError, SlurmError) as err:
+        print(f"error: {err}\nnothing was submitted for this configuration", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    register_configs()
+    main()

@@ -1,0 +1,228 @@
+"""A private SLURM 22.05 cluster on loopback: slurmctld + one slurmd per fake node, fake GPUs.
+
+The daemons are Popen children of pytest with ports from the OS and every file under a tmp dir,
+so parallel sessions do not collide and nothing is written elsewhere. Jobs are cancelled and
+drained before `scontrol shutdown` (a shutdown alone leaves running slurmstepd behind), and the
+teardown fails the session if any process started under this cluster's SLURM_CONF survives.
+Skips cleanly where slurmctld is not installed (.ci/run installs it).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+NUM_NODES = 4
+GPUS_PER_NODE = 8
+_DAEMONS = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel")
+
+# submitit asks sacct for job states; without accounting, answer from the controller's memory.
+_SACCT_SHIM = """#!/bin/sh
+# test-only sacct: answers `sacct -o JobID,State,NodeList --parsable2 -j ID[,ID]` from squeue
+ids=""
+while [ $# -gt 0 ]; do
+  case "$1" in -j|--jobs) ids="$2"; shift 2;; -j*) ids="${1#-j}"; shift;; *) shift;; esac
+done
+echo "JobID|State|NodeList"
+[ -n "$ids" ] && squeue -h --states=all -j "$ids" -o "%i|%T|%N" 2>/dev/null
+exit 0
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_port_block(count: int) -> int:
+    """First of `count` consecutive free loopback ports (servers listen on base_port + index)."""
+    for _ in range(100):
+        base = free_port()
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no block of {count} free ports")
+
+
+@dataclass
+class LocalSlurm:
+    """Handle to the running test cluster; `env` is what every client command needs."""
+
+    root: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, check=check)
+
+    def job_states(self, job_id: str) -> list[str]:
+        """States of every component of (het) job `job_id`, from the controller's memory."""
+        out = self.run("scontrol", "-o", "show", "job", job_id, check=False).stdout
+        return [
+            f.split("=", 1)[1] for line in out.splitlines() for f in line.split() if f.startswith("JobState=")
+        ]
+
+    def wait_until_done(self, job_id: str, timeout_s: float) -> list[str]:
+        """Poll (sbatch --wait backs off to 32 s) until no component is pending or running."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = self.job_states(job_id)
+            if states and not any(s in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING") for s in states):
+                return states
+            if "PENDING" in states:
+                self.nudge_backfill()
+            time.sleep(0.5)
+        raise TimeoutError(f"job {job_id} still {self.job_states(job_id)} after {timeout_s}s")
+
+    def nudge_backfill(self) -> None:
+        """Het jobs are started only by the backfill scheduler, which reruns only after a job,
+        node or partition change. A requeued job becomes eligible later (its begin time is
+        cred_expire after the requeue) with no change to wake backfill on a quiet cluster; a
+        busy one changes all the time. A no-op partition update plays that part here."""
+        self.run("scontrol", "update", "PartitionName=debug", "State=UP", check=False)
+
+
+def _wait_for(cmd: list[str], env: dict[str, str], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if subprocess.run(cmd, check=False, env=env, capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not ready after {timeout_s}s")
+
+
+def _write_config(root: Path) -> Path:
+    for sub in ("etc", "state", "spool", "log", "run", "dev", "bin"):
+        (root / sub).mkdir()
+    node_lines = "".join(
+        f"NodeName=n{i + 1} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
+        f"CPUs=32 RealMemory=256000 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN\n"
+        for i in range(NUM_NODES)
+    )
+    conf = root / "etc/slurm.conf"
+    conf.write_text(
+        f"ClusterName=areal-pytest\nSlurmctldHost=localhost\nSlurmctldPort={free_port()}\n"
+        "SlurmUser=root\nAuthType=auth/none\nCredType=cred/none\n"
+        # a requeued job may start again only after cred_expire (default 120 s)
+        "AuthInfo=cred_expire=5\n"
+        f"StateSaveLocation={root}/state\nSlurmdSpoolDir={root}/spool/%n\n"
+        f"SlurmctldPidFile={root}/run/slurmctld.pid\nSlurmdPidFile={root}/run/slurmd-%n.pid\n"
+        f"SlurmctldLogFile={root}/log/slurmctld.log\nSlurmdLogFile={root}/log/slurmd-%n.log\n"
+        "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+        "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
+        # only the backfill scheduler starts het jobs; its default 30 s sleep would dominate
+        "SchedulerType=sched/backfill\nSchedulerParameters=bf_interval=1,sched_interval=2\n"
+        "SlurmdParameters=config_overrides\nAccountingStorageType=accounting_storage/none\n"
+        "JobAcctGatherType=jobacct_gather/none\nJobCompType=jobcomp/none\nMpiDefault=none\n"
+        "MailProg=/bin/true\nReturnToService=2\nMinJobAge=600\nKillWait=5\nInactiveLimit=0\n"
+        f"GresTypes=gpu\n{node_lines}"
+        f"PartitionName=debug Nodes=n[1-{NUM_NODES}] Default=YES MaxTime=INFINITE State=UP\n"
+    )
+    # slurmd needs one character device per GPU; /dev/null stands in
+    for gpu in range(GPUS_PER_NODE):
+        os.symlink("/dev/null", root / f"dev/nvidia{gpu}")
+    (root / "etc/gres.conf").write_text(
+        f"AutoDetect=off\nNodeName=n[1-{NUM_NODES}] Name=gpu File={root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+    )
+    shim = root / "bin/sacct"
+    shim.write_text(_SACCT_SHIM)
+    shim.chmod(0o755)
+    return conf
+
+
+def _processes_of(conf: Path) -> list[int]:
+    """Pids (other than ours) whose environment names this cluster's SLURM_CONF."""
+    marker = f"SLURM_CONF={conf}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if stat[0] != "Z":  # zombies are reaped late by PID 1 here: harmless
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _drain(cluster: LocalSlurm) -> None:
+    cluster.run("scancel", "-u", getpass.getuser(), check=False)
+    deadline = time.monotonic() + 60
+    spool = cluster.root / "spool"
+    while time.monotonic() < deadline:
+        queued = cluster.run("squeue", "-h", check=False).stdout.strip()
+        sockets = [p for p in spool.rglob("*") if p.is_socket()]
+        if not queued and not sockets:
+            return
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
+    missing = [tool for tool in _DAEMONS if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"SLURM not installed (missing {', '.join(missing)}); .ci/run installs it with apt")
+    root = tmp_path_factory.mktemp("slurm")
+    conf = _write_config(root)
+    env = dict(os.environ, SLURM_CONF=str(conf), PATH=f"{root}/bin:{os.environ['PATH']}")
+    daemon_io = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    procs = [subprocess.Popen(["slurmctld", "-D", "-i"], **daemon_io)]
+    cluster = LocalSlurm(root=root, env=env)
+    saved = {key: os.environ.get(key) for key in ("SLURM_CONF", "PATH")}
+    try:
+        _wait_for(["scontrol", "ping"], env, "slurmctld")
+        procs += [
+            subprocess.Popen(["slurmd", "-D", "-N", f"n{i + 1}"], **daemon_io) for i in range(NUM_NODES)
+        ]
+        idle = f'[ "$(sinfo -h -t idle -o %D)" = {NUM_NODES} ]'
+        _wait_for(["bash", "-c", idle], env, f"{NUM_NODES} idle slurmd")
+        os.environ.update(SLURM_CONF=env["SLURM_CONF"], PATH=env["PATH"])
+        yield cluster
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _drain(cluster)
+        cluster.run("scontrol", "shutdown", check=False)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        leftovers = _processes_of(conf)
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        assert not leftovers, f"processes of the test cluster survived shutdown: {leftovers}"
+
+
+def local_port_overrides(num_servers: int) -> list[str]:
+    """Free loopback ports for every role: on local_slurm all 'nodes' share this host."""
+    return [
+        f"rollout.base_port={free_port_block(num_servers)}",
+        f"rollout.controller_port={free_port_block(2)}",
+        f"weight_sync.master_port={free_port()}",
+        f"cluster.master_port={free_port()}",
+    ]

@@ -1,0 +1,127 @@
+"""The rendered heterogeneous job on a real SLURM cluster, with stand-in roles (fake_roles.py).
+
+Submitted through `python -m launch.submit cluster=local_slurm` exactly as `make submit` does;
+only `cluster.python` points at the stand-ins, so these check the sbatch side of the runtime
+contract (placement, environment, discovery, token, logs, USR1 -> checkpoint -> requeue -> resume)
+in seconds. test_slurm_pipeline.py runs the real roles.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import LocalSlurm, local_port_overrides
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[3]
+FAKE_ROLES = Path(__file__).resolve().parent / "fake_roles.py"
+
+
+def submit(cluster: LocalSlurm, tmp_path: Path, name: str, *overrides: str) -> tuple[str, Path]:
+    wrapper = tmp_path / "fake-python"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_ROLES} "$@"\n')
+    wrapper.chmod(0o755)
+    args = [
+        sys.executable,
+        "-m",
+        "launch.submit",
+        "cluster=local_slurm",
+        f"cluster.python={wrapper}",
+        f"run.root={tmp_path / 'runs'}",
+        f"run.name={name}",
+        *local_port_overrides(3),
+        *overrides,
+    ]
+    proc = subprocess.run(
+        args, check=False, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    match = re.search(r"submitted job (\d+)", proc.stdout)
+    assert match, proc.stdout
+    return match.group(1), tmp_path / "runs" / name
+
+
+def _snapshot(run_dir: Path, role: str, attempt: int = 0) -> dict:
+    return json.loads((run_dir / "fake" / f"{role}.attempt{attempt}.json").read_text())
+
+
+def test_hetjob_places_roles_and_wires_them(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    job_id, run_dir = submit(
+        slurm_cluster, tmp_path, "wiring", "trainer.total_steps=3", "+cluster.nccl_env.NCCL_SOCKET_IFNAME=lo"
+    )
+    assert slurm_cluster.wait_until_done(job_id, timeout_s=120) == ["COMPLETED", "COMPLETED"]
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["rollout"]["num_servers"] == 3
+    base_port = config["rollout"]["base_port"]
+    token_file = run_dir / "job_token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token = token_file.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", token)
+
+    # group 0: one server per rollout node, each on its own fake GPU, registered for discovery
+    nodes = []
+    for index in range(3):
+        registration = json.loads((run_dir / "servers" / f"{index}.json").read_text())
+        assert registration == {"index": index, "host": "127.0.0.1", "port": base_port + index}
+        env = _snapshot(run_dir, f"server{index}")
+        assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["AREAL_JOB_TOKEN"] == token
+        assert env["AREAL_BIND_HOST"] == "127.0.0.1" and env["NCCL_SOCKET_IFNAME"] == "lo"
+        nodes.append(env["SLURMD_NODENAME"])
+    assert sorted(nodes) == ["n1", "n2", "n3"]
+
+    # group 1: trainer rank and controller on the trainer node, pointed at each other
+    trainer = _snapshot(run_dir, "trainer0")
+    assert trainer["SLURMD_NODENAME"] == "n4"
+    assert (trainer["RANK"], trainer["WORLD_SIZE"], trainer["LOCAL_RANK"]) == ("0", "1", "0")
+    assert trainer["MASTER_ADDR"] == trainer["AREAL_CONTROLLER_HOST"] == "127.0.0.1"
+    assert trainer["MASTER_PORT"] == str(config["cluster"]["master_port"])
+    controller = _snapshot(run_dir, "controller")
+    assert controller["SLURMD_NODENAME"] == "n4" and controller["AREAL_JOB_TOKEN"] == token
+
+    logs = run_dir / "logs"
+    for index in range(3):
+        assert f"server {index} stopped" in (logs / f"rollout-server-{index}.log").read_text()
+    assert "3 servers registered" in (logs / "controller.log").read_text()
+    assert "done at step 3" in (logs / "trainer-0.log").read_text()
+    assert "trainer exited with 0" in (logs / f"sbatch-{job_id}.out").read_text()
+    assert json.loads((run_dir / "summary.json").read_text()) == {"start_step": 0, "final_step": 3}
+
+
+def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    total = 100
+    job_id, run_dir = submit(slurm_cluster, tmp_path, "preempt", f"trainer.total_steps={total}")
+    progress = run_dir / "fake" / "progress"
+    deadline = time.monotonic() + 120
+    while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= 3):
+        assert time.monotonic() < deadline, f"trainer made no progress: {slurm_cluster.job_states(job_id)}"
+        time.sleep(0.2)
+
+    # what --signal=B:USR1@<s> does before the time limit
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
+    assert slurm_cluster.wait_until_done(job_id, timeout_s=240) == ["COMPLETED", "COMPLETED"]
+
+    batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
+    assert "checkpoint written: requeueing" in batch_log, batch_log
+    assert "attempt 1] start" in batch_log, batch_log
+    shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
+    assert "Restarts=1" in shown, shown
+
+    checkpoint_step = int((run_dir / "checkpoints" / "fake_step").read_text())
+    assert 0 < checkpoint_step < total
+    assert (run_dir / "fake" / "controller_state.json").exists()
+    assert _snapshot(run_dir, "trainer0", attempt=1)["SLURM_RESTART_COUNT"] == "1"
+    trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
+    assert f"checkpoint at step {checkpoint_step}" in trainer_log
+    assert f"starting at step {checkpoint_step}" in trainer_log
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary == {"start_step": checkpoint_step, "final_step": total}
