@@ -24,7 +24,6 @@ The in-child setup lives in sandbox_boot.py; this module is the parent side.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import selectors
@@ -193,13 +192,13 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
         "script": "main.py",
         "uid": limits.uid if drop_uid else -1,
         "gid": limits.gid if drop_uid else -1,
-        "rlimits": _rlimits(limits),
-        "isolate_fs": namespaces,
+        "isolate_fs": int(namespaces),
         "tmpfs_mb": limits.tmpfs_mb,
         "ready_fd": ready_w,
+        **{f"rlimit.{name}": f"{soft},{hard}" for name, (soft, hard) in _rlimits(limits).items()},
     }
     python = limits.python or os.path.realpath(sys.executable)
-    argv = [python, "-I", "-S", _BOOT_SCRIPT, json.dumps(spec)]
+    argv = [python, "-I", "-S", _BOOT_SCRIPT, *(f"{key}={value}" for key, value in spec.items())]
     if namespaces:
         argv = [shutil.which("unshare") or "unshare", *_UNSHARE_ARGS, *argv]
     env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}

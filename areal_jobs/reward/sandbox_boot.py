@@ -1,10 +1,12 @@
 """The in-child half of the sandbox: trusted code that runs between "process created" and "untrusted
 program starts", then replaces itself with the program (execve).
 
-Run by reward/sandbox.py as `python -I -S sandbox_boot.py <json spec>`, either directly (fallback
+Run by reward/sandbox.py as `python -I -S sandbox_boot.py key=value ...`, either directly (fallback
 mode) or as PID 1 of fresh network + PID + mount namespaces created by `unshare(1)` (namespace mode).
 It imports only the standard library and never imports areal_jobs: it is executed by path, with
-`-I` so nothing from the working directory or the environment can shadow a module.
+`-I` so nothing from the working directory or the environment can shadow a module. Its arguments
+are plain key=value strings, not JSON: importing json (re, enum) would double its start-up time,
+and it runs once per program.
 
 Steps, in this order because each needs the privileges the next one drops:
 1. (namespace mode) mount a size-capped tmpfs over the work dir and copy the program files into it;
@@ -19,7 +21,6 @@ Any failure before step 4 exits with BOOT_FAILED and a one-line reason on stderr
 """
 
 import ctypes
-import json
 import os
 import resource
 import sys
@@ -123,8 +124,25 @@ def _run_as_init(child_pid: int, status_fd: int) -> None:
             os._exit(0)
 
 
+def parse_args(argv: list[str]) -> dict:
+    """key=value strings -> spec; see reward/sandbox.py for the writer."""
+    raw = dict(arg.split("=", 1) for arg in argv)
+    return {
+        "workdir": raw["workdir"],
+        "script": raw["script"],
+        "uid": int(raw["uid"]),
+        "gid": int(raw["gid"]),
+        "isolate_fs": raw["isolate_fs"] == "1",
+        "tmpfs_mb": int(raw["tmpfs_mb"]),
+        "ready_fd": int(raw["ready_fd"]),
+        "rlimits": {
+            k[len("rlimit.") :]: [int(v) for v in raw[k].split(",")] for k in raw if k.startswith("rlimit.")
+        },
+    }
+
+
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    spec = parse_args(sys.argv[1:])
     ready_fd = spec["ready_fd"]
     try:
         python = _isolate_filesystem(spec) if spec["isolate_fs"] else os.path.realpath(sys.executable)
