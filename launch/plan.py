@@ -81,7 +81,8 @@ class AllocationPlan:
 
 
 def split_nodes(cluster: ClusterConfig) -> tuple[int, int]:
-    """(rollout nodes, trainer nodes): the rollout share is rounded down, both must be >= 1."""
+    """(rollout nodes, trainer nodes): the rollout share is rounded down (fraction < 1, so at least
+    one trainer node remains) and must leave at least one rollout node."""
     if cluster.nodes < 2:
         raise ValueError(
             f"cluster.nodes={cluster.nodes}: a heterogeneous job needs at least one rollout node and one "
@@ -93,11 +94,6 @@ def split_nodes(cluster: ClusterConfig) -> tuple[int, int]:
         raise ValueError(
             f"cluster.rollout_fraction={cluster.rollout_fraction} of cluster.nodes={cluster.nodes} leaves no "
             "rollout node: raise cluster.rollout_fraction or cluster.nodes"
-        )
-    if rollout_nodes == cluster.nodes:
-        raise ValueError(
-            f"cluster.rollout_fraction={cluster.rollout_fraction} of cluster.nodes={cluster.nodes} leaves no "
-            "trainer node: lower cluster.rollout_fraction"
         )
     return rollout_nodes, cluster.nodes - rollout_nodes
 
