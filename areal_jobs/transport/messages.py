@@ -85,7 +85,18 @@ class PauseRequest:
     senders: tuple[WeightSender, ...]  # who broadcasts which buckets, in order
     backend: str  # "gloo" | "nccl"
     trained_group_ids: tuple[str, ...] = ()  # the step's batch; the controller's ledger
-    expired_group_ids: tuple[str, ...] = ()  # too stale to train: the controller re-generates them
+    disk_path: str = ""  # weight_sync.method=disk: load this HF directory instead of broadcasting
+
+
+@dataclass(frozen=True, slots=True)
+class GroupsExpired:
+    """Trainer -> controller, at once: these groups are too stale to train; generate them again.
+
+    Sent immediately (not with the next PauseRequest): their staleness slots must be freed before
+    the trainer can fill its batch, or admission and training would wait on each other.
+    """
+
+    group_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +153,17 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class Stopped:
-    """Controller -> trainer: controller drained and is exiting."""
+    """Controller -> trainer: controller drained and is exiting, with its final counters."""
 
     num_groups_pushed: int
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 CONTROL_MESSAGES = (
     TrainerHello,
     ControllerHello,
     PauseRequest,
+    GroupsExpired,
     Paused,
     VersionPublished,
     UpdateFailed,
@@ -163,6 +176,7 @@ ControlMessage = (
     TrainerHello
     | ControllerHello
     | PauseRequest
+    | GroupsExpired
     | Paused
     | VersionPublished
     | UpdateFailed

@@ -1,0 +1,56 @@
+# areal_jobs: every entry point. `make run` and `make test` install what they need on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+OVERRIDES ?=
+EXTRAS := train,slurm,reward,viz,dev
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: install run test test-gpu test-unit lint format bench clean ci
+
+# Idempotent: re-runs only when the dependency lists change. CPU machines get the local CPU torch
+# wheel and SGLang's lean CPU install (requirements/sglang-cpu.txt); GPU machines the CUDA stack.
+install: $(STAMP)
+$(STAMP): setup.cfg pyproject.toml requirements/sglang-cpu.txt requirements/constraints-cpu.txt requirements/gpu.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+ifeq ($(HAS_GPU),1)
+	$(PY) -m pip install -q -r requirements/gpu.txt
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+else
+	$(PY) -m pip install -q -c requirements/constraints-cpu.txt -r requirements/sglang-cpu.txt
+	$(PY) -m pip install -q --no-deps sglang==0.5.23
+	$(PY) -m pip install -q -c requirements/constraints-cpu.txt -e ".[$(EXTRAS)]"
+endif
+	@touch $(STAMP)
+
+# The built-in tiny experiment on this machine: builds the model, runs servers + controller + trainer.
+run: install
+	$(PY) -m launch.local $(OVERRIDES)
+
+# CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
+test: install
+	$(PY) -m pytest -m "not gpu" tests
+
+test-unit: install
+	$(PY) -m pytest -m "not gpu" tests/unit
+
+test-gpu: install
+	$(PY) -m pytest -m gpu tests/gpu
+
+lint: install
+	$(PY) -m ruff check areal_jobs launch tests bench
+	$(PY) -m ruff format --check areal_jobs launch tests bench
+
+format: install
+	$(PY) -m ruff format areal_jobs launch tests bench
+
+bench: install
+	$(PY) -m bench $(OVERRIDES)
+
+ci: lint test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,143 @@
+"""Prompt streams: the deterministic, resumable sequence of prompts the controller admits.
+
+A stream is a pure function of (dataset, seed, position): `PromptStream.at(i)` is the i-th prompt,
+so a checkpoint only stores the position, and a resumed run admits exactly the prompts an
+uninterrupted run would. File datasets are read once, bad rows are skipped and counted with
+file and line, and each epoch visits the rows in a fresh seeded order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from areal_jobs.config import DataConfig, Dataset
+from areal_jobs.data import arith_task
+
+logger = logging.getLogger(__name__)
+
+Encode = Callable[[str], list[int]]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    data_index: int  # position in the stream
+    input_ids: list[int]
+    reward_task: str  # reward registry name
+    reference: str  # what the reward function compares against
+
+
+@dataclass
+class Row:
+    text: str
+    reference: str
+
+
+@dataclass
+class LoadReport:
+    """Rows that could not be used, with where they are: nothing is dropped silently."""
+
+    num_rows: int = 0
+    skipped: list[str] = field(default_factory=list)  # "file:line: why"
+
+
+REWARD_TASK = {
+    Dataset.arith: "arith",
+    Dataset.gsm8k: "gsm8k",
+    Dataset.math: "math",
+    Dataset.humaneval: "humaneval",
+    Dataset.code_stdio: "code_stdio",
+}
+
+
+def _row_from_json(dataset: Dataset, obj: dict) -> Row:
+    if dataset is Dataset.gsm8k:
+        answer = obj["answer"]
+        if "####" not in answer:
+            raise ValueError("answer has no '#### <final answer>' line")
+        return Row(f"Question: {obj['question']}\nAnswer:", answer.split("####")[-1].strip())
+    if dataset is Dataset.math:
+        return Row(f"Problem: {obj['problem']}\nSolution:", str(obj.get("answer") or obj["solution"]))
+    if dataset is Dataset.humaneval:
+        ref = {"prompt": obj["prompt"], "test": obj["test"], "entry_point": obj["entry_point"]}
+        return Row(obj["prompt"], json.dumps(ref))
+    if dataset is Dataset.code_stdio:
+        tests = obj["tests"]
+        if not isinstance(tests, list) or not tests:
+            raise ValueError("'tests' must be a non-empty list of {input, output}")
+        return Row(obj["prompt"], json.dumps({"tests": tests}))
+    raise ValueError(f"{dataset} is not a file dataset")
+
+
+def load_rows(dataset: Dataset, path: str, encode: Encode, max_prompt_tokens: int) -> tuple[list[Row], LoadReport]:
+    rows, report = [], LoadReport()
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            report.num_rows += 1
+            try:
+                row = _row_from_json(dataset, json.loads(line))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                report.skipped.append(f"{path}:{lineno}: {type(exc).__name__}: {exc}")
+                continue
+            if len(encode(row.text)) > max_prompt_tokens:
+                report.skipped.append(f"{path}:{lineno}: prompt longer than data.max_prompt_tokens={max_prompt_tokens}")
+                continue
+            rows.append(row)
+    for entry in report.skipped[:20]:
+        logger.warning("skipped row %s", entry)
+    if report.skipped:
+        logger.warning("skipped %d of %d rows in %s", len(report.skipped), report.num_rows, path)
+    if not rows:
+        raise ValueError(f"no usable rows in {path}: fix the file or point data.train_path elsewhere")
+    return rows, report
+
+
+class PromptStream:
+    """Deterministic prompts by position; `next()` advances, `position` is checkpointed."""
+
+    def __init__(self, cfg: DataConfig, encode: Encode, rows: list[Row] | None = None) -> None:
+        self.cfg = cfg
+        self.encode = encode
+        self.rows = rows
+        self.position = 0
+        self._epoch_orders: dict[int, list[int]] = {}
+
+    def at(self, index: int) -> Prompt:
+        if self.cfg.dataset is Dataset.arith:
+            problem = arith_task.problem_at(self.cfg.seed, index)
+            return Prompt(index, self.encode(problem.prompt), "arith", str(problem.answer))
+        assert self.rows, "file datasets need rows"
+        epoch, offset = divmod(index, len(self.rows))
+        if epoch not in self._epoch_orders:
+            order = list(range(len(self.rows)))
+            random.Random(self.cfg.seed * 7919 + epoch).shuffle(order)
+            self._epoch_orders = {epoch: order}  # only the current epoch is kept in memory
+        row = self.rows[self._epoch_orders[epoch][offset]]
+        return Prompt(index, self.encode(row.text), REWARD_TASK[self.cfg.dataset], row.reference)
+
+    def next(self) -> Prompt:
+        prompt = self.at(self.position)
+        self.position += 1
+        return prompt
+
+
+def eval_prompts(cfg: DataConfig, encode: Encode, rows: list[Row] | None = None) -> list[Prompt]:
+    """The held-out set: generated from a disjoint seed (arith) or the eval file's first rows."""
+    if cfg.dataset is Dataset.arith:
+        out = []
+        for i in range(cfg.num_eval_prompts):
+            problem = arith_task.eval_problem_at(cfg.seed, i)
+            out.append(Prompt(-1 - i, encode(problem.prompt), "arith", str(problem.answer)))
+        return out
+    if not rows:
+        return []
+    return [
+        Prompt(-1 - i, encode(row.text), REWARD_TASK[cfg.dataset], row.reference)
+        for i, row in enumerate(rows[: cfg.num_eval_prompts])
+    ]

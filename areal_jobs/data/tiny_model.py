@@ -1,0 +1,174 @@
+"""The built-in policy: a byte-level BPE tokenizer and a tiny Qwen2 model, built locally.
+
+Nothing is downloaded. `build_builtin_model` trains the tokenizer on generated task text,
+initialises a tiny Qwen2ForCausalLM, gives it a short supervised warm start on worked
+solutions (weak but not hopeless: the RL run measures where it starts), and saves a Hugging
+Face directory (config.json, model.safetensors, tokenizer.json) that SGLang and the trainer load.
+The result is cached: a directory holding `build.json` with the same recipe is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from areal_jobs.data import arith_task
+
+logger = logging.getLogger(__name__)
+
+EOS_TOKEN = "<|endoftext|>"
+SFT_SEED = 7
+_SFT_MICROBATCH_TOKENS = 512  # the warm-start stream is disjoint from RL training (data.seed) and eval streams
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Everything that determines the built model; stored in build.json as the cache key."""
+
+    vocab_size: int = 384
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_positions: int = 512
+    sft_steps: int = 600
+    sft_tokens_per_step: int = 2048
+    sft_lr: float = 3e-3
+    seed: int = 0
+    recipe_version: int = 1
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int):
+    """Byte-level BPE trained on task text; digits are always single tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # single-digit tokens keep arithmetic learnable: "19" is always ["1", "9"]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = []
+    for i in range(4000):
+        p = arith_task.problem_at(SFT_SEED + 11, i)
+        corpus += [p.prompt, p.solution]
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def model_config(recipe: TinyRecipe, vocab_size: int):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        max_position_embeddings=recipe.max_positions,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        torch_dtype="float32",
+    )
+
+
+def build_builtin_model(out_dir: Path, recipe: TinyRecipe, threads: int = 2) -> Path:
+    """Build (or reuse) the warm-started tiny model in `out_dir`; returns `out_dir`."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    stamp = out_dir / "build.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == asdict(recipe):
+        logger.info("built-in model up to date in %s", out_dir)
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    torch.set_num_threads(threads)
+    torch.manual_seed(recipe.seed)
+    tokenizer = build_tokenizer(out_dir, recipe.vocab_size)
+    model = Qwen2ForCausalLM(model_config(recipe, len(tokenizer)))
+    final_loss = _warm_start(model, tokenizer, recipe)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    info = {"recipe": asdict(recipe), "sft_final_loss": final_loss, "build_s": time.time() - t0}
+    stamp.write_text(json.dumps(info, indent=2))
+    logger.info("built-in model built in %.0fs (SFT loss %.3f) -> %s", info["build_s"], final_loss, out_dir)
+    return out_dir
+
+
+def sft_example(tokenizer, problem: arith_task.ArithProblem) -> tuple[list[int], int]:
+    """Token ids of prompt + solution + EOS, and the prompt length (loss starts after it).
+
+    Prompt and solution are tokenised separately, exactly as generation sees them: the server
+    continues from the prompt's ids, so the boundary must not be merged by BPE.
+    """
+    prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
+    answer = tokenizer.encode(problem.solution, add_special_tokens=False) + [tokenizer.eos_token_id]
+    return prompt + answer, len(prompt)
+
+
+def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
+    """Packed SFT (no padding): each step packs worked examples up to `sft_tokens_per_step`."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from areal_jobs.trainer.packing import balanced_microbatches, pack
+
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
+    warmup = max(1, recipe.sft_steps // 10)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.sft_steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    loss_value, index = float("nan"), 0
+    for _ in tqdm(range(recipe.sft_steps), desc="warm start (SFT)", unit="step", mininterval=2.0):
+        seqs, masks, used = [], [], 0
+        while used < recipe.sft_tokens_per_step:
+            ids, prompt_len = sft_example(tokenizer, arith_task.problem_at(SFT_SEED, index))
+            index += 1
+            seqs.append(np.asarray(ids))
+            masks.append(np.arange(len(ids)) >= prompt_len)  # loss on the answer and EOS only
+            used += len(ids)
+        opt.zero_grad(set_to_none=True)
+        num_targets = float(sum(int(mk.sum()) for mk in masks))
+        total = 0.0
+        # small packed micro-batches: dense masked attention costs O(T^2) per micro-batch
+        for mb in balanced_microbatches([len(x) for x in seqs], _SFT_MICROBATCH_TOKENS):
+            packed = pack([seqs[i] for i in mb])
+            input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0)
+            position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0)
+            logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0, :-1]
+            target_mask = torch.from_numpy(np.concatenate([masks[i] for i in mb]))[1:]
+            # a sequence's last token must not predict the next sequence's first: those are prompts (masked)
+            nll = torch.nn.functional.cross_entropy(logits.float(), input_ids[0, 1:], reduction="none")
+            loss = (nll * target_mask).sum() / num_targets
+            loss.backward()
+            total += float(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_value = total
+    model.eval()
+    return loss_value

@@ -1,0 +1,104 @@
+"""Service discovery through the run directory (a shared filesystem on clusters).
+
+Each rollout server writes RUN_DIR/servers/<index>.json = {"index", "host", "port"} once it is
+healthy, atomically (write + rename), and removes it on exit. The controller waits for the
+expected number of records. The same mechanism serves local runs and SLURM jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    index: int
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def servers_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "servers"
+
+
+def register_server(run_dir: Path, index: int, host: str, port: int) -> None:
+    folder = servers_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{index}.json.tmp"
+    tmp.write_text(json.dumps({"index": index, "host": host, "port": port}))
+    os.replace(tmp, folder / f"{index}.json")
+
+
+def unregister_server(run_dir: Path, index: int) -> None:
+    (servers_dir(run_dir) / f"{index}.json").unlink(missing_ok=True)
+
+
+def read_servers(run_dir: Path) -> list[ServerRecord]:
+    records = []
+    for path in sorted(servers_dir(run_dir).glob("*.json")):
+        try:
+            raw = json.loads(path.read_text())
+            records.append(ServerRecord(int(raw["index"]), str(raw["host"]), int(raw["port"])))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"bad server record {path}: {exc}; delete it and restart that server") from None
+    return sorted(records, key=lambda r: r.index)
+
+
+def wait_for_servers(run_dir: Path, count: int, timeout_s: float, poll_s: float = 0.5) -> list[ServerRecord]:
+    """Block until `count` servers registered; TimeoutError names how many are missing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = read_servers(run_dir)
+        if len(records) >= count:
+            return records
+        if time.monotonic() > deadline:
+            seen = sorted(r.index for r in records)
+            raise TimeoutError(
+                f"only {len(records)}/{count} rollout servers registered in {servers_dir(run_dir)} after "
+                f"{timeout_s:.0f}s (seen {seen}); check logs/sglang-*.log or raise rollout.server_start_timeout_s"
+            )
+        time.sleep(poll_s)
+
+
+def register_controller(run_dir: Path, host: str, traj_port: int, ctrl_port: int) -> None:
+    """RUN_DIR/controller.json: where trainers connect (local mode; SLURM passes it by env too)."""
+    tmp = Path(run_dir) / ".controller.json.tmp"
+    tmp.write_text(json.dumps({"host": host, "traj_port": traj_port, "ctrl_port": ctrl_port}))
+    os.replace(tmp, Path(run_dir) / "controller.json")
+
+
+def wait_for_controller(run_dir: Path, timeout_s: float, poll_s: float = 0.5) -> tuple[str, int, int]:
+    path = Path(run_dir) / "controller.json"
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the rollout controller did not register {path} within {timeout_s:.0f}s; see logs/controller.log")
+        time.sleep(poll_s)
+    raw = json.loads(path.read_text())
+    return str(raw["host"]), int(raw["traj_port"]), int(raw["ctrl_port"])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now (the caller binds it soon after; a small race is accepted)."""
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """`count` distinct ports free right now (all held open together, so they differ)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()

@@ -1,0 +1,88 @@
+"""Held-out evaluation on the rollout servers: one sample per prompt, scored by the reward pool.
+
+An evaluation request interrupted by a weight update is restarted from scratch (not continued),
+so every evaluated answer comes from one policy version; the versions seen are reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from areal_jobs.api import FinishReason, GenerateRequest, RewardRequest, RewardScorer
+from areal_jobs.data.prompts import Prompt
+from areal_jobs.rollout.server_pool import NoServerAvailable, ServerPool
+from areal_jobs.rollout.sglang_client import ServerCallError
+
+logger = logging.getLogger(__name__)
+
+_MAX_ATTEMPTS = 50
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    accuracy: float  # share of prompts with reward 1
+    mean_reward: float
+    num_prompts: int
+    min_version: int
+    max_version: int
+
+
+async def evaluate(
+    pool: ServerPool,
+    scorer: RewardScorer,
+    prompts: list[Prompt],
+    decode,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    running: asyncio.Event,
+    tag: str,
+    concurrency: int = 64,
+) -> EvalSummary:
+    limiter = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, prompt: Prompt) -> tuple[list[int], int]:
+        async with limiter:
+            for attempt in range(_MAX_ATTEMPTS):
+                await running.wait()
+                try:
+                    slot = pool.least_loaded()
+                except NoServerAvailable:
+                    await asyncio.sleep(1.0)
+                    continue
+                request = GenerateRequest(
+                    rid=f"eval-{tag}-{i}.{attempt}",
+                    input_ids=prompt.input_ids,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    top_p=1.0,
+                )
+                slot.in_flight += 1
+                try:
+                    response = await slot.client.generate(request)
+                except ServerCallError as exc:
+                    pool.mark_down(slot.index, str(exc))
+                    continue
+                finally:
+                    slot.in_flight -= 1
+                if response.finish_reason is not FinishReason.abort:
+                    return response.output_ids, response.weight_version
+            raise RuntimeError(f"evaluation prompt {i} was interrupted {_MAX_ATTEMPTS} times")
+
+    outputs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    requests = [RewardRequest(p.reward_task, decode(ids), p.reference) for p, (ids, _) in zip(prompts, outputs)]
+    results = await scorer.score_group(requests)
+    rewards = [r.reward for r in results]
+    versions = [v for _, v in outputs]
+    n = max(len(prompts), 1)
+    summary = EvalSummary(
+        accuracy=sum(1.0 for r in rewards if r >= 1.0) / n,
+        mean_reward=sum(rewards) / n,
+        num_prompts=len(prompts),
+        min_version=min(versions, default=0),
+        max_version=max(versions, default=0),
+    )
+    logger.info("eval %s: accuracy %.3f over %d prompts (versions %d..%d)", tag, summary.accuracy, n, summary.min_version, summary.max_version)
+    return summary

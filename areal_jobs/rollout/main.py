@@ -1,0 +1,102 @@
+"""The rollout controller process.
+
+    python -m areal_jobs.rollout.main --config RUN_DIR/config.yaml
+
+Waits for the rollout servers to register, binds the ZeroMQ channels, then runs the controller
+until the trainer says Stop. Exits non-zero on any failure so SLURM can requeue the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from areal_jobs.config import JobConfig, load_job_config
+from areal_jobs.data.prompts import PromptStream, eval_prompts, load_rows
+from areal_jobs.data.tokenizer import load_tokenizer
+from areal_jobs.logs import setup_logging
+from areal_jobs.rollout import discovery
+from areal_jobs.rollout.controller import RolloutController
+from areal_jobs.rollout.server_pool import ServerPool
+from areal_jobs.rollout.service import ControllerService
+from areal_jobs.rollout.sglang_client import SGLangClient
+from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
+from areal_jobs.transport.channels import ControllerChannel
+
+logger = logging.getLogger("areal_jobs.rollout.main")
+
+
+async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
+    from areal_jobs.reward.service import RewardService
+
+    tokenizer = load_tokenizer(cfg.model.path or cfg.model.builtin_dir)
+    rows = None
+    if cfg.data.train_path:
+        rows, _ = load_rows(cfg.data.dataset, cfg.data.train_path, tokenizer.encode, cfg.data.max_prompt_tokens)
+    held_out = None
+    if cfg.data.eval_path:
+        held_out, _ = load_rows(cfg.data.dataset, cfg.data.eval_path, tokenizer.encode, cfg.data.max_prompt_tokens)
+    elif rows is not None:  # hold out the tail of the training file
+        rows, held_out = rows[: -cfg.data.num_eval_prompts or None], rows[-cfg.data.num_eval_prompts :]
+    records = discovery.wait_for_servers(run_dir, cfg.rollout.num_servers, cfg.rollout.server_start_timeout_s)
+    pool = ServerPool()
+    for rec in records:
+        client = SGLangClient(
+            f"{rec.index}", rec.url, token,
+            generate_timeout_s=cfg.rollout.request_timeout_s, call_timeout_s=cfg.rollout.call_timeout_s,
+        )  # fmt: skip
+        pool.add(rec.index, client, cfg.rollout.tp_size)
+    scorer = RewardService(cfg.reward)
+    scorer.start()
+    host = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
+    ports = _controller_ports(cfg, run_dir, host)
+    channel = ControllerChannel(host, ports[0], ports[1], token)
+    channel.bind()
+    discovery.register_controller(run_dir, host, ports[0], ports[1])
+    controller = RolloutController(
+        cfg.rollout, cfg.algo, pool, scorer, PromptStream(cfg.data, tokenizer.encode, rows),
+        decode=tokenizer.decode, push=channel.push_group,
+    )  # fmt: skip
+    orchestrator = WeightUpdateOrchestrator(pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s)
+    service = ControllerService(
+        controller, orchestrator, channel, eval_prompts(cfg.data, tokenizer.encode, held_out),
+        eval_every_steps=cfg.run.eval_every_steps, step_timeout_s=cfg.weight_sync.step_timeout_s,
+    )  # fmt: skip
+    try:
+        return await service.run()
+    finally:
+        scorer.close()
+        channel.close()
+        for slot in pool.slots.values():
+            await slot.client.close()
+
+
+def _controller_ports(cfg: JobConfig, run_dir: Path, host: str) -> tuple[int, int]:
+    if cfg.rollout.controller_port:
+        return cfg.rollout.controller_port, cfg.rollout.controller_port + 1
+    traj, ctrl = discovery.free_ports(host, 2)
+    return traj, ctrl
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="resolved run config (RUN_DIR/config.yaml)")
+    args = parser.parse_args(argv)
+    setup_logging("controller")
+    cfg = load_job_config(args.config)
+    token = os.environ.get("AREAL_JOB_TOKEN") or cfg.run.token
+    if not token:
+        raise SystemExit("no job token: set AREAL_JOB_TOKEN (the launcher does) or run.token")
+    try:
+        return asyncio.run(run(cfg, Path(args.config).resolve().parent, token))
+    except Exception:
+        logger.exception("controller failed")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Start one real SGLang server and register its address for the controller.
+
+    python -m areal_jobs.rollout.server --config RUN_DIR/config.yaml --index I
+
+The server listens on AREAL_BIND_HOST (default 127.0.0.1) at `rollout.base_port + I` (or a free
+port when base_port is 0), requires the job's API key (AREAL_JOB_TOKEN), and starts at weight
+version 0. Once /health answers it writes RUN_DIR/servers/I.json; the controller discovers
+servers from those files, in local mode and under SLURM alike.
+
+CPU-only machines: SGLang runs through its CPU engine (SGLANG_USE_CPU_ENGINE=1) with the import
+stubs in cpu_stubs/ on PYTHONPATH and the torch-native attention and sampling backends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from areal_jobs.config import DType, ModelConfig, RolloutConfig, load_job_config
+from areal_jobs.logs import setup_logging
+from areal_jobs.rollout import discovery
+
+logger = logging.getLogger(__name__)
+
+CPU_STUBS_DIR = Path(__file__).resolve().parent / "cpu_stubs"
+
+
+def cuda_available() -> bool:
+    """True when this machine has a usable NVIDIA GPU (decides the CPU compatibility path)."""
+    if os.environ.get("AREAL_JOBS_FORCE_CPU") == "1":
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def sglang_command(
+    model_path: str, host: str, port: int, api_key: str, rollout: RolloutConfig, dtype: DType, cpu: bool, seed: int
+) -> list[str]:
+    """The exact `sglang.launch_server` command line (pure; tested)."""
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", model_path,
+        "--host", host,
+        "--port", str(port),
+        "--api-key", api_key,
+        "--dtype", dtype.value,
+        "--tp-size", str(rollout.tp_size),
+        "--weight-version", "0",
+        "--random-seed", str(seed),
+        "--skip-server-warmup",
+        "--log-level", "warning",
+    ]  # fmt: skip
+    if cpu:
+        cmd += [
+            "--device", "cpu",
+            "--max-total-tokens", str(rollout.max_total_tokens),
+            "--attention-backend", "torch_native",
+            "--sampling-backend", "pytorch",
+            "--disable-overlap-schedule",
+            # without it the idle scheduler busy-polls a whole core, starving the trainer
+            "--sleep-on-idle",
+        ]  # fmt: skip
+    return cmd + list(rollout.extra_server_args)
+
+
+def sglang_env(cpu: bool, threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    if cpu:
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_STUBS_DIR), env.get("PYTHONPATH")]))
+        env["OMP_NUM_THREADS"] = str(threads)
+        env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+@dataclass
+class ServerProcess:
+    """A started SGLang server: its process and where to reach it."""
+
+    host: str
+    port: int
+    api_key: str
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"SGLang server on port {self.port} exited with code {self.process.returncode}")
+            try:
+                if requests.get(f"{self.url}/health", headers=headers, timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"SGLang server on port {self.port} not healthy after {timeout_s:.0f}s: "
+            "raise rollout.server_start_timeout_s or check the server log"
+        )
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Terminate the server's whole process group (SGLang forks scheduler/detokenizer)."""
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+
+
+def start_server(
+    model_path: str, host: str, port: int, api_key: str, rollout: RolloutConfig, model: ModelConfig, log_path: Path,
+    seed: int = 0,
+) -> ServerProcess:
+    """Launch SGLang in its own process group, logging to `log_path`. Does not wait."""
+    cpu = not cuda_available()
+    cmd = sglang_command(model_path, host, port, api_key, rollout, model.dtype, cpu, seed)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            cmd, env=sglang_env(cpu, rollout.server_threads), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    logger.info("SGLang server starting on %s:%d (pid %d, %s)", host, port, proc.pid, "cpu" if cpu else "gpu")
+    return ServerProcess(host=host, port=port, api_key=api_key, process=proc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="resolved run config (RUN_DIR/config.yaml)")
+    parser.add_argument("--index", type=int, required=True, help="server index in 0..rollout.num_servers-1")
+    args = parser.parse_args(argv)
+    setup_logging(f"server{args.index}")
+    cfg = load_job_config(args.config)
+    run_dir = Path(args.config).resolve().parent
+    host = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
+    port = cfg.rollout.base_port + args.index if cfg.rollout.base_port else discovery.free_port(host)
+    token = os.environ.get("AREAL_JOB_TOKEN") or cfg.run.token
+    if not token:
+        raise SystemExit("no API key: set AREAL_JOB_TOKEN (the launcher does) or run.token")
+    model_path = cfg.model.path or str(Path(cfg.model.builtin_dir).resolve())
+    server = start_server(
+        model_path, host, port, token, cfg.rollout, cfg.model, run_dir / "logs" / f"sglang-{args.index}.log",
+        seed=cfg.trainer.seed + args.index,
+    )  # fmt: skip
+
+    def forward(signum, _frame):
+        server.stop()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        server.wait_healthy(cfg.rollout.server_start_timeout_s)
+        discovery.register_server(run_dir, args.index, host, port)
+        logger.info("server %d ready at %s", args.index, server.url)
+        return server.process.wait()
+    finally:
+        discovery.unregister_server(run_dir, args.index)
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

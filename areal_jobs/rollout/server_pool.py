@@ -1,0 +1,75 @@
+"""The set of rollout servers the controller dispatches to: load tracking and health.
+
+Dispatch is least-loaded first (fewest in-flight requests, ties to the lowest index). A server
+that fails a call or a health check is marked down and receives no new work until it is healthy
+again and has received the current weights (`mark_up`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from areal_jobs.api import RolloutBackendClient
+
+logger = logging.getLogger(__name__)
+
+
+class NoServerAvailable(RuntimeError):
+    pass
+
+
+@dataclass
+class ServerSlot:
+    index: int
+    client: RolloutBackendClient
+    tp_size: int = 1
+    in_flight: int = 0
+    up: bool = True
+    failures: int = 0
+    completed: int = 0
+
+
+class ServerPool:
+    def __init__(self) -> None:
+        self.slots: dict[int, ServerSlot] = {}
+
+    def add(self, index: int, client: RolloutBackendClient, tp_size: int = 1) -> ServerSlot:
+        slot = ServerSlot(index=index, client=client, tp_size=tp_size)
+        self.slots[index] = slot
+        return slot
+
+    @property
+    def up_slots(self) -> list[ServerSlot]:
+        return [s for s in sorted(self.slots.values(), key=lambda s: s.index) if s.up]
+
+    def least_loaded(self) -> ServerSlot:
+        candidates = self.up_slots
+        if not candidates:
+            raise NoServerAvailable("no rollout server is up")
+        return min(candidates, key=lambda s: (s.in_flight, s.index))
+
+    def mark_down(self, index: int, why: str) -> None:
+        slot = self.slots[index]
+        if slot.up:
+            logger.error("rollout server %d marked down: %s", index, why)
+        slot.up = False
+        slot.failures += 1
+
+    def mark_up(self, index: int) -> None:
+        self.slots[index].up = True
+
+    @property
+    def total_in_flight(self) -> int:
+        return sum(s.in_flight for s in self.slots.values())
+
+    def rank_offsets(self) -> dict[int, int]:
+        """Broadcast-group rank of each up server's first TP rank (the sender is rank 0)."""
+        offsets, next_rank = {}, 1
+        for slot in self.up_slots:
+            offsets[slot.index] = next_rank
+            next_rank += slot.tp_size
+        return offsets
+
+    def group_world_size(self) -> int:
+        return 1 + sum(s.tp_size for s in self.up_slots)

@@ -1,0 +1,124 @@
+"""The controller's half of the weight-update handshake, one named, timed stage at a time.
+
+    trainer: PauseRequest(v) ─▶ pause servers ─▶ Paused ─▶ [init groups] ─▶ buckets ─▶ resume
+                                                              ▲ trainer broadcasts the same buckets
+
+Each stage runs under `step_timeout_s`; when one fails or times out, `StageError` names it
+("weight broadcast bucket 3/7 of sender s0 to server 2"), the controller reports UpdateFailed
+to the trainer and exits non-zero so the scheduler can restart the job. Never a silent hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+from areal_jobs.api import WeightSender
+from areal_jobs.config import PauseMode
+from areal_jobs.rollout.server_pool import ServerPool, ServerSlot
+
+logger = logging.getLogger(__name__)
+
+
+class StageError(RuntimeError):
+    def __init__(self, stage: str, detail: str) -> None:
+        super().__init__(f"{stage}: {detail}")
+        self.stage = stage
+        self.detail = detail
+
+
+async def run_stage(stage: str, awaitable: Awaitable, timeout_s: float) -> None:
+    try:
+        await asyncio.wait_for(awaitable, timeout=timeout_s)
+    except asyncio.TimeoutError:
+        raise StageError(stage, f"timed out after {timeout_s:.0f}s") from None
+    except StageError:
+        raise
+    except Exception as exc:  # any failure inside a stage is reported with the stage's name
+        raise StageError(stage, f"{type(exc).__name__}: {exc}") from exc
+
+
+class WeightUpdateOrchestrator:
+    """Pauses, updates and resumes every up server of `pool` for one new policy version."""
+
+    def __init__(self, pool: ServerPool, pause_mode: PauseMode, step_timeout_s: float) -> None:
+        self.pool = pool
+        self.pause_mode = pause_mode
+        self.step_timeout_s = step_timeout_s
+        self._group_key: tuple | None = None  # (server indices, sender groups) the groups were built for
+
+    async def pause(self, in_flight: Callable[[], int]) -> None:
+        if self.pause_mode is PauseMode.drain:
+            await run_stage("drain in-flight requests", _wait_zero(in_flight), self.step_timeout_s)
+            return
+        await self._each_server("pause generation", lambda s: s.client.pause(self.pause_mode.value))
+
+    def needs_group_init(self, senders: tuple[WeightSender, ...]) -> bool:
+        return self._group_key != self._key(senders)
+
+    def _key(self, senders: tuple[WeightSender, ...]) -> tuple:
+        servers = tuple(s.index for s in self.pool.up_slots)
+        return servers, tuple((s.group_name, s.master_address, s.master_port) for s in senders)
+
+    def forget_groups(self) -> None:
+        """Servers changed (one died or came back): groups must be re-formed on the next update."""
+        self._group_key = None
+
+    async def init_groups(self, senders: tuple[WeightSender, ...], backend: str) -> None:
+        offsets = self.pool.rank_offsets()
+        world = self.pool.group_world_size()
+        for sender in senders:
+            await self._each_server(
+                f"forming broadcast group {sender.group_name}",
+                lambda s, snd=sender: s.client.init_weights_update_group(
+                    snd.master_address, snd.master_port, offsets[s.index], world, snd.group_name, backend
+                ),
+            )
+        self._group_key = self._key(senders)
+
+    async def receive(self, version: int, senders: tuple[WeightSender, ...]) -> None:
+        """Every server receives every bucket, in the same global order (no cross-sender deadlock)."""
+        await self._each_server("begin weight update", lambda s: s.client.begin_weight_update())
+
+        async def pipeline(slot: ServerSlot) -> None:
+            for sender in senders:
+                total = len(sender.buckets)
+                for bucket in sender.buckets:
+                    stage = f"weight broadcast bucket {bucket.index + 1}/{total} of sender {sender.group_name} to server {slot.index}"
+                    await run_stage(
+                        stage,
+                        slot.client.update_weights_from_distributed(bucket.tensors, sender.group_name, version),
+                        self.step_timeout_s,
+                    )
+
+        await asyncio.gather(*(pipeline(s) for s in self.pool.up_slots))
+        await self._each_server("end weight update", lambda s: s.client.end_weight_update())
+        await self._each_server("flush cache", lambda s: s.client.flush_cache())
+
+    async def load_from_disk(self, version: int, path: str) -> None:
+        """Fallback: every server loads the trainer's safetensors checkpoint."""
+        await self._each_server(f"loading weights from {path}", lambda s: s.client.update_weights_from_disk(path, version))
+
+    async def resume(self) -> None:
+        if self.pause_mode is PauseMode.drain:
+            return
+        await self._each_server("resume generation", lambda s: s.client.resume())
+
+    async def _each_server(self, what: str, call: Callable[[ServerSlot], Awaitable]) -> None:
+        slots = self.pool.up_slots
+        results = await asyncio.gather(
+            *(run_stage(f"{what} on server {s.index}", call(s), self.step_timeout_s) for s in slots),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+
+async def _wait_zero(in_flight: Callable[[], int], poll_s: float = 0.02) -> None:
+    t0 = time.monotonic()
+    while in_flight() > 0:
+        await asyncio.sleep(poll_s)
+    logger.debug("drained in %.2fs", time.monotonic() - t0)

@@ -1,0 +1,76 @@
+"""Trainer rank 0's mailbox: everything the controller sends, routed while the trainer waits.
+
+Trajectory groups and control messages share one poll loop, so a group that arrives while the
+trainer waits for `Paused` is buffered, never dropped. Every wait has a timeout that names what
+was being waited for; `UpdateFailed` from the controller is raised as an error at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TypeVar
+
+from areal_jobs.transport import messages as m
+from areal_jobs.transport.channels import TrainerChannel
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ControllerFailed(RuntimeError):
+    pass
+
+
+class Inbox:
+    def __init__(self, channel: TrainerChannel) -> None:
+        self.channel = channel
+        self.groups: list[m.TrajectoryGroup] = []  # arrival order
+        self.rollout_stats: dict[str, float] = {}  # latest RolloutStats
+        self.evals: list[m.EvalResult] = []  # not yet logged
+        self.all_evals: list[m.EvalResult] = []
+        self._control: list[m.ControlMessage] = []  # replies waited for, in arrival order
+
+    def pump(self, timeout_s: float) -> bool:
+        """Receive at most one message (waiting up to timeout_s); True if one arrived."""
+        msg = self.channel.poll(timeout_s)
+        if msg is None:
+            return False
+        if isinstance(msg, m.TrajectoryGroup):
+            self.groups.append(msg)
+        elif isinstance(msg, m.RolloutStats):
+            self.rollout_stats = dict(msg.metrics)
+        elif isinstance(msg, m.EvalResult):
+            self.evals.append(msg)
+            self.all_evals.append(msg)
+        elif isinstance(msg, m.UpdateFailed):
+            raise ControllerFailed(f"weight update to version {msg.version} failed at {msg.stage}: {msg.error}")
+        else:
+            self._control.append(msg)
+        return True
+
+    def wait_for(self, kind: type[T], timeout_s: float, waiting_for: str) -> T:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for i, msg in enumerate(self._control):
+                if isinstance(msg, kind):
+                    return self._control.pop(i)  # type: ignore[return-value]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {kind.__name__} from the controller within {timeout_s:.0f}s while {waiting_for}")
+            self.pump(min(remaining, 1.0))
+
+    def wait_groups(self, count: int, timeout_s: float) -> None:
+        """Block until at least `count` groups are buffered."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.groups) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"only {len(self.groups)}/{count} trajectory groups after {timeout_s:.0f}s: is the rollout "
+                    "side alive? (logs/controller.log; raise trainer.batch_wait_timeout_s if generation is slow)"
+                )
+            self.pump(min(remaining, 1.0))
+        while self.pump(0):  # take everything already queued, so batch selection sees it
+            pass

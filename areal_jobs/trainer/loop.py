@@ -1,0 +1,142 @@
+"""The training loop on rank 0, phase by phase:
+
+    wait for B fresh groups ─▶ assemble batch ─▶ train step (v -> v+1) ─▶ publish weights ─▶ log
+
+Batches take the oldest groups first (by their oldest token), so long answers admitted early are
+trained before they expire. A group whose oldest token is older than the staleness bound is
+returned to the controller at once and generated again: nothing stale is trained, nothing lost.
+Every trained sample id is appended to ledger.jsonl with its step and token versions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from areal_jobs.api import TrainBackend
+from areal_jobs.config import AlgoConfig
+from areal_jobs.metrics import MetricsSink
+from areal_jobs.trainer.batch import TrainBatch, assemble, split_fresh
+from areal_jobs.trainer.inbox import Inbox
+from areal_jobs.transport import messages as m
+from areal_jobs.weights.publisher import WeightPublisher
+
+logger = logging.getLogger(__name__)
+
+
+class TrainLoop:
+    def __init__(
+        self,
+        algo: AlgoConfig,
+        backend: TrainBackend,
+        inbox: Inbox,
+        publisher: WeightPublisher,
+        sink: MetricsSink,
+        ledger_path: Path,
+        batch_wait_timeout_s: float,
+    ) -> None:
+        self.algo = algo
+        self.backend = backend
+        self.inbox = inbox
+        self.publisher = publisher
+        self.sink = sink
+        self.ledger_path = ledger_path
+        self.batch_wait_timeout_s = batch_wait_timeout_s
+        self.version = 0
+        self.step = 0
+        self.max_staleness_seen = 0
+        self.trained_tokens = 0
+        self.expired_groups = 0
+
+    def take_groups(self) -> list[m.TrajectoryGroup]:
+        """B fresh groups, oldest first; expired ones are sent back to be regenerated."""
+        b = self.algo.batch_size
+        while True:
+            self.inbox.wait_groups(b, self.batch_wait_timeout_s)
+            fresh, expired = split_fresh(self.inbox.groups, self.version, self.algo.max_staleness)
+            if expired:
+                self.expired_groups += len(expired)
+                logger.info("%d groups expired at version %d; regenerating", len(expired), self.version)
+                self.inbox.channel.send(m.GroupsExpired(tuple(g.group_id for g in expired)))
+            order = sorted(range(len(fresh)), key=lambda i: (fresh[i].oldest_version, i))
+            if len(fresh) >= b:
+                chosen = set(order[:b])
+                self.inbox.groups = [g for i, g in enumerate(fresh) if i not in chosen]
+                return [fresh[i] for i in sorted(chosen, key=order.index)]
+            self.inbox.groups = fresh
+
+    def run_step(self) -> dict[str, float]:
+        t0 = time.monotonic()
+        groups = self.take_groups()
+        t_batch = time.monotonic()
+        batch = assemble(groups, self.version, self.algo)
+        metrics = self.backend.train_step(batch)
+        t_train = time.monotonic()
+        self.version += 1
+        metrics.update(self.publisher.publish(self.version, self.backend, tuple(batch.group_ids)))
+        t_end = time.monotonic()
+        self.step += 1
+        self._write_ledger(batch, groups)
+        metrics.update(self._batch_metrics(batch, groups))
+        metrics.update(
+            {
+                "time/wait_batch_s": t_batch - t0,
+                "time/step_train_s": t_train - t_batch,
+                "time/publish_s": t_end - t_train,
+                "time/step_s": t_end - t0,
+                "throughput/trained_tokens_per_s": batch.num_output_tokens / max(t_end - t0, 1e-9),
+                "buffer/groups_waiting": float(len(self.inbox.groups)),
+                "buffer/expired_groups": float(self.expired_groups),
+                "train/version": float(self.version),
+            }
+        )
+        metrics.update(self.inbox.rollout_stats)
+        self.sink.log(self.step, metrics)
+        self.log_evals()
+        return metrics
+
+    def log_evals(self) -> None:
+        for ev in self.inbox.evals:
+            prefix = "eval/greedy_" if ev.kind.endswith("_greedy") else "eval/"
+            self.sink.log(self.step, {f"{prefix}accuracy": ev.accuracy, f"{prefix}mean_reward": ev.mean_reward, f"{prefix}version": float(ev.version)})
+        self.inbox.evals.clear()
+
+    def _batch_metrics(self, batch: TrainBatch, groups: list[m.TrajectoryGroup]) -> dict[str, float]:
+        samples = [s for g in groups for s in g.samples]
+        rewards = np.array([s.reward for s in samples], dtype=np.float64)
+        lengths = np.array([s.num_tokens for s in samples], dtype=np.float64)
+        lag = batch.staleness()
+        self.trained_tokens += batch.num_output_tokens
+        if lag.size:
+            self.max_staleness_seen = max(self.max_staleness_seen, int(lag.max()))
+        return {
+            "reward/mean": float(rewards.mean()),
+            "reward/accuracy": float((rewards >= 1.0).mean()),
+            "reward/non_ok": float(sum(s.reward_status != "ok" for s in samples)),
+            "staleness/min": float(lag.min()) if lag.size else 0.0,
+            "staleness/mean": float(lag.mean()) if lag.size else 0.0,
+            "staleness/max": float(lag.max()) if lag.size else 0.0,
+            "gen/len_mean": float(lengths.mean()),
+            "gen/len_max": float(lengths.max()),
+            "gen/interrupted_samples": float(sum(s.num_interruptions > 0 for s in samples)),
+            "gen/truncated_samples": float(sum(s.finish_reason == "length" for s in samples)),
+            "batch/filtered_groups": float(len(batch.filtered_group_ids)),
+            "batch/trained_sequences": float(len(batch.samples)),
+        }
+
+    def _write_ledger(self, batch: TrainBatch, groups: list[m.TrajectoryGroup]) -> None:
+        row = {
+            "step": self.step,
+            "trained_at_version": batch.version,
+            "groups": [g.group_id for g in groups],
+            "data_indices": [g.data_index for g in groups],
+            "samples": [s.sample_id for g in groups for s in g.samples],
+            "oldest_version": min(g.oldest_version for g in groups),
+            "max_staleness": int(batch.staleness().max()) if batch.samples else 0,
+        }
+        with self.ledger_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")

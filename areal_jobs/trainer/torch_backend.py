@@ -1,0 +1,184 @@
+"""Plain-torch trainer backend: a Hugging Face causal LM, one process, packed micro-batches.
+
+Per step: (1) proximal log-probs for every sample with the pre-step weights, (2) for each
+balanced micro-batch the decoupled PPO loss with gradients accumulated, normalised by the
+batch's total output tokens, (3) clip and one AdamW step.
+
+Packing: a micro-batch is one row [1, T] of concatenated sequences whose position ids restart
+at 0; transformers then builds a block-diagonal causal mask, so sequences never see each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from areal_jobs.api import TensorSpec
+from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.trainer.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.loss import LossStats, decoupled_ppo_loss
+from areal_jobs.trainer.packing import balanced_microbatches, pack
+
+logger = logging.getLogger(__name__)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def token_logprobs(model: torch.nn.Module, samples: list[TrainSample]) -> list[torch.Tensor]:
+    """Log-probs of every output token of every sample under `model`, from one packed forward.
+
+    Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled).
+    """
+    packed = pack([s.input_ids for s in samples])
+    input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0)
+    position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0)
+    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0].float()  # [T, V]
+    out = []
+    for s, start in zip(samples, packed.cu_seqlens[:-1].tolist()):
+        # logits at position t predict token t + 1: the outputs start at prompt length p
+        first, last = start + s.num_prompt_tokens - 1, start + len(s.input_ids) - 1
+        targets = input_ids[0, first + 1 : last + 1]
+        logp = torch.log_softmax(logits[first:last], dim=-1)
+        out.append(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    return out
+
+
+class TorchBackend:
+    """api.TrainBackend over a transformers causal LM (the CPU and small-run backend)."""
+
+    def __init__(self, trainer_cfg: TrainerConfig, algo: AlgoConfig, model_path: str, dtype: DType) -> None:
+        self.cfg = trainer_cfg
+        self.algo = algo
+        self.model_path = model_path
+        self.dtype = dtype
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def setup(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(self.cfg.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
+        )
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.cfg.lr,
+            betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
+            weight_decay=self.cfg.weight_decay,
+        )
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
+        assert self.model is not None and self.optimizer is not None, "call setup() first"
+        assert batch is not None, "the torch backend runs one process: rank 0 always has the batch"
+        t0 = time.perf_counter()
+        samples = batch.samples
+        if not samples:
+            return {"train/skipped_empty_batch": 1.0}
+        lengths = [len(s.input_ids) for s in samples]
+        micro = balanced_microbatches(lengths, self.cfg.max_tokens_per_microbatch)
+        behav = [torch.from_numpy(s.behav_logprobs) for s in samples]
+        if self.algo.decoupled:
+            with torch.no_grad():
+                prox: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+                for mb in micro:
+                    for i, lp in zip(mb, token_logprobs(self.model, [samples[i] for i in mb])):
+                        prox[i] = lp.detach()
+        else:
+            prox = behav  # standard PPO: the behaviour policy is the trust-region anchor
+        t_prox = time.perf_counter()
+        num_tokens = float(batch.num_output_tokens)
+        stats = LossStats()
+        total_loss = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in micro:
+            logps = token_logprobs(self.model, [samples[i] for i in mb])
+            cat = torch.cat
+            loss, mb_stats = decoupled_ppo_loss(
+                cat(logps),
+                cat([prox[i] for i in mb]),
+                cat([behav[i] for i in mb]),
+                cat([torch.full((samples[i].num_output_tokens,), samples[i].advantage) for i in mb]),
+                torch.ones(sum(samples[i].num_output_tokens for i in mb)),
+                clip_eps=self.algo.clip_eps,
+                num_global_tokens=num_tokens,
+                behav_weight_cap=self.algo.behav_weight_cap,
+            )
+            loss.backward()
+            total_loss += float(loss)
+            stats.add(mb_stats)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        t_end = time.perf_counter()
+        prox_gap = torch.cat([(p - b).abs() for p, b in zip(prox, behav)])
+        return {
+            "train/loss": total_loss,
+            "train/grad_norm": float(grad_norm),
+            "train/num_tokens": num_tokens,
+            "train/num_sequences": float(len(samples)),
+            "train/num_microbatches": float(len(micro)),
+            "train/prox_behav_abs_diff": float(prox_gap.mean()),
+            "time/prox_logp_s": t_prox - t0,
+            "time/train_s": t_end - t0,
+            **stats.to_metrics(),
+        }
+
+    # ------------------------------------------------------------------ weights
+
+    def _export_state(self) -> dict[str, torch.Tensor]:
+        assert self.model is not None, "call setup() first"
+        state = self.model.state_dict()
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            # an HF checkpoint of a tied model stores only the embedding
+            state.pop("lm_head.weight", None)
+        return state
+
+    def weight_specs(self) -> list[TensorSpec]:
+        return [
+            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in self._export_state().items()
+        ]
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self._export_state().items()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: str) -> None:
+        assert self.model is not None and self.optimizer is not None
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+        }
+        tmp = folder / "trainer.pt.tmp"
+        torch.save(state, tmp)
+        tmp.replace(folder / "trainer.pt")
+
+    def load_checkpoint(self, path: str) -> None:
+        assert self.model is not None and self.optimizer is not None, "call setup() first"
+        state = torch.load(Path(path) / "trainer.pt", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+
+    def save_hf(self, path: str) -> None:
+        assert self.model is not None
+        folder = Path(path)
+        self.model.save_pretrained(str(folder), safe_serialization=True)
+        for name in _TOKENIZER_FILES:
+            src = Path(self.model_path) / name
+            if src.exists():
+                shutil.copy(src, folder / name)

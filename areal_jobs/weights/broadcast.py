@@ -1,0 +1,103 @@
+"""The sender's side of a weight-broadcast group: trainer rank (rank 0) -> every server rank.
+
+SGLang joins with `/init_weights_update_group` (ranks rank_offset..) and receives each bucket with
+`/update_weights_from_distributed` (load_format "flattened_bucket": one uint8 broadcast per bucket,
+the tensors' bytes back to back). We form the group the same way SGLang does (TCP rendezvous
+hosted by rank 0, a store prefixed by the group name), so both sides agree on every store key.
+NCCL on GPUs, gloo on CPU: nothing below depends on which.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+from areal_jobs.api import BucketSpec
+
+logger = logging.getLogger(__name__)
+
+
+class BroadcastTimeout(RuntimeError):
+    """A broadcast stage exceeded its timeout; the message names the stage."""
+
+
+def resolve_backend(name: str) -> str:
+    if name == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return name
+
+
+class WeightBroadcastGroup:
+    """One sender's process group. Construct, then `init(world_size)`, then `send_bucket`s."""
+
+    def __init__(self, group_name: str, master_address: str, master_port: int, backend: str, timeout_s: float):
+        self.group_name = group_name
+        self.master_address = master_address
+        self.master_port = master_port
+        self.backend = resolve_backend(backend)
+        self.timeout_s = timeout_s
+        self._group: dist.ProcessGroup | None = None
+        self.world_size = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._group is not None
+
+    def init(self, world_size: int) -> None:
+        """Host the rendezvous and wait until every server rank joined (bounded by timeout_s)."""
+        from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, rendezvous
+
+        self.destroy()
+        timeout = timedelta(seconds=self.timeout_s)
+        t0 = time.monotonic()
+        try:
+            store, rank, size = next(
+                rendezvous(f"tcp://{self.master_address}:{self.master_port}", 0, world_size, timeout=timeout)
+            )
+            store.set_timeout(timeout)
+            store = PrefixStore(self.group_name, store)
+            self._group, _ = _new_process_group_helper(
+                size, rank, [], Backend(self.backend), store, group_name=self.group_name, timeout=timeout
+            )
+        except (RuntimeError, dist.DistBackendError) as exc:
+            raise BroadcastTimeout(
+                f"forming weight broadcast group {self.group_name!r} ({world_size} ranks at "
+                f"{self.master_address}:{self.master_port}) failed after {time.monotonic() - t0:.1f}s: {exc}"
+            ) from exc
+        self.world_size = world_size
+        logger.info("broadcast group %s ready: %d ranks, %s", self.group_name, world_size, self.backend)
+
+    def send_bucket(self, bucket: BucketSpec, tensors: Iterable[torch.Tensor], stage: str) -> float:
+        """Broadcast one bucket as a single flat uint8 tensor; returns the bytes sent."""
+        if self._group is None:
+            raise RuntimeError("init() the broadcast group before sending")
+        parts = []
+        for spec, tensor in zip(bucket.tensors, tensors, strict=True):
+            if tuple(tensor.shape) != spec.shape or str(tensor.dtype).removeprefix("torch.") != spec.dtype:
+                raise ValueError(f"{stage}: tensor {spec.name} is {tuple(tensor.shape)} {tensor.dtype}, spec says {spec}")
+            parts.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+        flat = torch.cat(parts)
+        if self.backend == "nccl":
+            flat = flat.cuda()
+        work = dist.broadcast(flat, src=0, group=self._group, async_op=True)
+        try:
+            if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
+                raise BroadcastTimeout(f"{stage}: not acknowledged within {self.timeout_s:.0f}s")
+        except (RuntimeError, dist.DistBackendError) as exc:
+            if isinstance(exc, BroadcastTimeout):
+                raise
+            raise BroadcastTimeout(f"{stage} failed: {exc}") from exc
+        return float(flat.numel())
+
+    def destroy(self) -> None:
+        if self._group is not None:
+            try:
+                dist.destroy_process_group(self._group)
+            except (RuntimeError, ValueError) as exc:  # a dead peer must not block a re-init
+                logger.warning("destroying broadcast group %s: %s", self.group_name, exc)
+            self._group = None
