@@ -15,14 +15,17 @@ Isolation modes (`limits.isolation`, the `reward.network_isolation` config):
 - namespaces (auto when root and `unshare(1)` works, or required by `netns`): a new network
   namespace (only a downed loopback: no route anywhere), a new PID namespace (the program sees only
   its own processes; when it exits the kernel kills everything it forked) and a new mount namespace
-  (every mount read-only except a size-capped tmpfs work dir);
+  in which the program is chrooted into a size-capped tmpfs holding only its files, the
+  interpreter (read-only), /dev/null & co and its own /proc: no host file is readable or writable;
 - fallback (auto without those privileges, or `none`): the same limits, uid drop and process-group
-  kill, but no network isolation and no read-only remount. A warning is logged once.
+  kill, but no network isolation, and the host file system is visible with the sandbox uid's
+  permissions (world-writable /tmp included). A warning is logged once.
 The in-child setup lives in sandbox_boot.py; this module is the parent side.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -41,7 +44,7 @@ from areal_jobs.config import NetworkIsolation, RewardConfig
 logger = logging.getLogger(__name__)
 
 _BOOT_SCRIPT = str(Path(__file__).with_name("sandbox_boot.py"))
-_UNSHARE_ARGS = ["--net", "--pid", "--mount", "--fork", "--kill-child", "--mount-proc"]
+_UNSHARE_ARGS = ["--net", "--pid", "--mount", "--fork", "--kill-child"]
 _PIPE_STDIN_MAX_BYTES = 60_000  # below the 64 KiB pipe buffer, so writing it never blocks
 _EXIT_GRACE_S = 0.2  # after the program exits, how long leftover children may keep the pipes open
 _PR_SET_PDEATHSIG = 1
@@ -152,11 +155,12 @@ def _rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
     }
 
 
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child after fork only calls it
+
+
 def _die_with_parent() -> None:
     """preexec_fn: SIGKILL the child (unshare or the boot script) if its parent worker dies."""
-    import ctypes
-
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def run_program(files: dict[str, str], stdin: bytes, limits: SandboxLimits) -> SandboxRun:
@@ -201,7 +205,8 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
     argv = [python, "-I", "-S", _BOOT_SCRIPT, *(f"{key}={value}" for key, value in spec.items())]
     if namespaces:
         argv = [shutil.which("unshare") or "unshare", *_UNSHARE_ARGS, *argv]
-    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+    home = "/work" if namespaces else workdir  # namespace mode: the program's chroot path
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
     stdin_file = _stdin_source(stdin)
     try:
         proc = subprocess.Popen(

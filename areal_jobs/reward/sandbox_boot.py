@@ -9,9 +9,10 @@ are plain key=value strings, not JSON: importing json (re, enum) would double it
 and it runs once per program.
 
 Steps, in this order because each needs the privileges the next one drops:
-1. (namespace mode) mount a size-capped tmpfs over the work dir and copy the program files into it;
-   bind the interpreter's installation read-only inside it (it may live under a 0700 home such as
-   /root/.pyenv that the sandbox uid cannot traverse); remount every other mount read-only.
+1. (namespace mode) build a minimal root file system in a size-capped tmpfs (the program's files,
+   /usr and the interpreter bound read-only, a few /dev nodes, a fresh /proc) and chroot into it;
+   see _isolate_filesystem. Binding the interpreter also makes it reachable when it lives under a
+   0700 home such as /root/.pyenv, which the sandbox uid could not traverse on the host.
 2. Set resource limits (soft = hard, so the program cannot raise them).
 3. Drop to the sandbox uid/gid with no supplementary groups; set no_new_privs so setuid binaries
    grant nothing; ask for SIGKILL when our parent dies (set after setuid, which clears it).
@@ -23,6 +24,7 @@ Any failure before step 4 exits with BOOT_FAILED and a one-line reason on stderr
 import ctypes
 import os
 import resource
+import stat
 import sys
 
 BOOT_FAILED = 125
@@ -30,6 +32,8 @@ BOOT_FAILED = 125
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND = 32, 4096
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_DEVICES = {"null": 3, "zero": 5, "random": 8, "urandom": 9}  # minor numbers of the "mem" char devices
+_SYSTEM_DIRS = ("usr", "bin", "lib", "lib64", "lib32")  # shared libraries and the ELF loader live here
 _FLAG_BY_OPTION = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -59,33 +63,56 @@ def _mount_points() -> list[tuple[str, int]]:
     return points
 
 
-def _isolate_filesystem(spec: dict) -> str:
-    """Step 1. Returns the interpreter path to exec inside the namespace."""
-    workdir = spec["workdir"]
+def _isolate_filesystem(spec: dict) -> tuple[str, str]:
+    """Step 1: build the program's whole file system in a fresh tmpfs and chroot into it.
+
+    /work   the program's files; its cwd, HOME and TMPDIR; writable by the sandbox uid only
+    /tmp    world-writable scratch (some programs hard-code it)
+    /usr (and the /bin, /lib, /lib64 links or dirs)  system binaries and libraries, read-only
+    <prefix>  the interpreter's installation at its own path (its RUNPATH may be absolute), read-only
+    /dev    null, zero, random, urandom
+    /proc   a procfs of the new PID namespace: the program sees its own processes only
+    No /etc, no /home, no /root, no data: the program can neither write outside its sandbox nor
+    read host files (data sets with answer keys, credentials, other users' files). Everything
+    outside is also remounted read-only, in case the chroot is ever escaped.
+    Returns (interpreter path, working directory), both inside the new root.
+    """
+    root = spec["workdir"]
     files = {}
-    for name in os.listdir(workdir):
-        with open(os.path.join(workdir, name), "rb") as f:
+    for name in os.listdir(root):
+        with open(os.path.join(root, name), "rb") as f:
             files[name] = f.read()
     uid = spec["uid"] if spec["uid"] >= 0 else os.getuid()
     gid = spec["gid"] if spec["gid"] >= 0 else os.getgid()
-    opts = f"size={spec['tmpfs_mb']}m,mode=0700,uid={uid},gid={gid}"
-    _mount("tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
+    # The size cap bounds how much disk (RAM) the program can fill, whatever it writes.
+    # Not nodev: the four device nodes below live on it. The program cannot add any (no CAP_MKNOD).
+    _mount("tmpfs", root, "tmpfs", _MS_NOSUID, f"size={spec['tmpfs_mb']}m,mode=0755")
+    for name, mode in (("work", 0o700), ("tmp", 0o1777), ("dev", 0o755), ("proc", 0o555)):
+        os.mkdir(os.path.join(root, name))
+        os.chmod(os.path.join(root, name), mode)  # mkdir's mode is masked by the umask
+    os.chown(os.path.join(root, "work"), uid, gid)
     for name, data in files.items():
-        path = os.path.join(workdir, name)
+        path = os.path.join(root, "work", name)
         with open(path, "wb") as f:
             f.write(data)
         os.chown(path, uid, gid)
-    # Bind the interpreter's prefix under the work dir so the dropped uid can reach it.
+    read_only = _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+    for name in _SYSTEM_DIRS:
+        host = "/" + name
+        if os.path.islink(host):  # merged /usr: /lib -> usr/lib
+            os.symlink(os.readlink(host), os.path.join(root, name))
+        elif os.path.isdir(host):
+            _bind(host, os.path.join(root, name), read_only)
     prefix = os.path.realpath(sys.base_prefix)
     exe = os.path.realpath(sys.executable)
-    if not exe.startswith(prefix + os.sep):
-        _fail(f"interpreter {exe} is not under its prefix {prefix}")
-    pydir = os.path.join(workdir, ".python")
-    os.mkdir(pydir, 0o755)
-    _mount(prefix, pydir, None, _MS_BIND, None)
-    _mount(None, pydir, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
+    if not any(prefix == f"/{d}" or prefix.startswith(f"/{d}/") for d in _SYSTEM_DIRS):
+        _bind(prefix, root + prefix, read_only)
+    for dev, minor in _DEVICES.items():  # nodes, not bind mounts: every mount costs at teardown
+        os.mknod(os.path.join(root, "dev", dev), 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        os.chmod(os.path.join(root, "dev", dev), 0o666)
+    _mount("proc", os.path.join(root, "proc"), "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
     for point, keep in _mount_points():
-        if point == workdir or point.startswith(workdir + os.sep):
+        if point == root or point.startswith(root + os.sep):
             continue
         try:
             _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep, None)
@@ -93,7 +120,17 @@ def _isolate_filesystem(spec: dict) -> str:
             # The root file system is what matters; odd pseudo file systems may refuse a remount.
             if point == "/":
                 _fail(str(e))
-    return os.path.join(pydir, os.path.relpath(exe, prefix))
+    os.chroot(root)
+    return exe, "/work"
+
+
+def _bind(source: str, target: str, flags: int) -> None:
+    """Bind `source` on `target` (created, with 0755 parents, in our tmpfs), then apply `flags`
+    (a bind mount ignores them on creation)."""
+    if not os.path.exists(target):
+        os.makedirs(target, mode=0o755)
+    _mount(source, target, None, _MS_BIND, None)
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | flags, None)
 
 
 def _drop_privileges(spec: dict) -> None:
@@ -145,13 +182,16 @@ def main() -> None:
     spec = parse_args(sys.argv[1:])
     ready_fd = spec["ready_fd"]
     try:
-        python = _isolate_filesystem(spec) if spec["isolate_fs"] else os.path.realpath(sys.executable)
+        if spec["isolate_fs"]:
+            python, cwd = _isolate_filesystem(spec)
+        else:
+            python, cwd = os.path.realpath(sys.executable), spec["workdir"]
         if spec["isolate_fs"]:
             child = os.fork()
             if child:
                 _run_as_init(child, ready_fd)
         _drop_privileges(spec)
-        os.chdir(spec["workdir"])
+        os.chdir(cwd)
     except Exception as e:  # noqa: BLE001  anything here is a sandbox failure, reported as one
         _fail(f"{type(e).__name__}: {e}")
     if not os.access(python, os.X_OK):

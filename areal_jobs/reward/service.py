@@ -76,8 +76,9 @@ class _Worker:
         child_conn.close()
 
     def kill(self) -> None:
+        """SIGKILL and reap. Blocks the caller only while the kernel tears the process down."""
         self.process.kill()
-        self.process.join(timeout=5)
+        self.process.join(timeout=2)
         self.conn.close()
 
 

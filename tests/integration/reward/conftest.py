@@ -84,9 +84,11 @@ def namespaces() -> bool:
 
 
 def sandbox_processes() -> list[int]:
-    """Pids of live sandboxed processes: boot scripts, namespace inits and programs (cwd in a
-    sandbox work dir). Zombies and processes that vanish while we look are skipped."""
+    """Pids of live sandboxed processes: boot scripts and namespace inits (by command line),
+    programs (by the sandbox uid, or a cwd in a host work dir in fallback mode). Zombies and
+    processes that vanish while we look are skipped."""
     prefix = os.path.join(tempfile.gettempdir(), "areal-sbx-")
+    sandbox_uid = str(RewardConfig().code_sandbox_uid)
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -94,10 +96,13 @@ def sandbox_processes() -> list[int]:
         try:
             cmdline = Path("/proc", entry, "cmdline").read_bytes()
             cwd = os.readlink(f"/proc/{entry}/cwd")
-            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
+            status = Path("/proc", entry, "status").read_text()
         except OSError:
             continue
-        if state != "Z" and (b"sandbox_boot.py" in cmdline or cwd.startswith(prefix)):
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields["State"].split()[0] == "Z":
+            continue
+        if b"sandbox_boot.py" in cmdline or cwd.startswith(prefix) or fields["Uid"].split()[0] == sandbox_uid:
             found.append(int(entry))
     return found
 

@@ -22,6 +22,7 @@ import pytest
 from areal_jobs.api import RewardRequest, RewardResult, RewardStatus
 from areal_jobs.config import RewardConfig
 
+ANSWER_KEY = Path(__file__).resolve().parents[2] / "fixtures" / "humaneval" / "humaneval_head20.jsonl"
 ADD_PROBLEM = json.dumps(
     {
         "prompt": 'def add(a, b):\n    """Return a + b."""\n',
@@ -71,11 +72,14 @@ def attacks(
             f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')",
             stdio("connected"),
         ),
+        # Success is judged on the host (test_nothing_was_written_outside_the_sandbox): in namespace
+        # mode "/tmp" is the sandbox's own tmpfs, so a write there may succeed and stay inside. The
+        # test-dir path cannot exist in any sandbox, so writing it means an escape.
         "write outside the sandbox": RewardRequest(
             "code_stdio",
-            f"import os\nok = 0\nfor path in {write_targets!r}:\n"
-            "    try:\n        open(path, 'w').write('pwned')\n        ok += 1\n    except OSError:\n        pass\n"
-            "print('written' if ok else 'refused')",
+            f"import os\nfor path in {write_targets!r}:\n"
+            "    try:\n        open(path, 'w').write('pwned')\n    except OSError:\n        pass\n"
+            f"print('written' if os.path.exists({write_targets[0]!r}) else 'refused')",
             stdio("written"),
         ),
         "read the parent's environment": RewardRequest(
@@ -96,6 +100,11 @@ def attacks(
             "    try:\n        os.kill(pid, signal.SIGKILL)\n        killed += 1\n    except OSError:\n        pass\n"
             "print('killed' if killed else 'refused')",
             stdio("killed"),
+        ),
+        "read the answer key on the host": RewardRequest(
+            "code_stdio",
+            f"import json\nprint(json.loads(open({str(ANSWER_KEY)!r}).readline())['task_id'])",
+            stdio("HumanEval/0"),
         ),
         "sleep past the timeout": RewardRequest(
             "code_stdio", "import time\ntime.sleep(3600)\nprint('done')", stdio("done")
@@ -186,8 +195,8 @@ TIMEOUT_ATTACKS = {"infinite loop", "fork bomb", "sleep past the timeout"}
 # What only the namespace mode stops (the fallback runs when we are not root or lack CAP_SYS_ADMIN).
 NEEDS_NAMESPACES = {
     "network connection": "no network namespace, so programs keep network access",
-    "write outside the sandbox": "no read-only remount, so world-writable /tmp is writable",
     "kill the parent": "no PID namespace, so sandboxes sharing the sandbox uid can signal each other",
+    "read the answer key on the host": "no chroot, so world-readable host files are readable",
 }
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import glob
 import os
 import signal
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -45,14 +48,22 @@ def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.stdout == b"['HOME', 'LANG', 'PATH', 'TMPDIR']\n"
 
 
-def test_work_dir_is_private_writable_and_removed() -> None:
+def _host_work_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "areal-sbx-*")))
+
+
+def test_work_dir_is_private_writable_and_removed(namespaces: bool) -> None:
+    before = _host_work_dirs()
     source = "import os\nopen('scratch.txt', 'w').write('x' * 1000)\nprint(os.getcwd())\nprint(oct(os.stat('.').st_mode & 0o777))"
     result = run(source)
     assert result.exited_cleanly
     workdir, mode = result.stdout.decode().split()
-    assert workdir.startswith(os.path.join(tempfile.gettempdir(), "areal-sbx-"))
+    if namespaces:
+        assert workdir == "/work"  # inside its chroot
+    else:
+        assert workdir.startswith(os.path.join(tempfile.gettempdir(), "areal-sbx-"))
     assert mode == "0o700"
-    assert not os.path.exists(workdir)
+    assert _host_work_dirs() <= before  # removed after the call
 
 
 def test_wall_clock_timeout_kills_a_sleeper(leftover_sandbox_processes) -> None:
@@ -112,12 +123,34 @@ def test_namespace_isolation(namespaces: bool) -> None:
         "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
         "print([name for _, name in socket.if_nameindex()])\n"
         "try:\n    open('/usr/areal_probe', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+        "print(sorted(os.listdir('/')))\n"
+        f"print([os.path.exists(p) for p in ('/etc/passwd', '/home', {str(Path(__file__).parent)!r})])\n"
+        "open('/dev/null', 'w').write('discarded')\n"
+        "print(len(open('/dev/urandom', 'rb').read(8)))\n"
     )
     result = run(source)
+    assert result.exited_cleanly, result.stderr[-300:]
     lines = result.stdout.decode().splitlines()
     assert lines[0] == "[1, 2]"  # the namespace's init and the program: nothing of the host
     assert lines[1] == "['lo']"
     assert lines[2] in ("13", "30")  # EACCES (not root) or EROFS (read-only remount)
+    assert set(ast.literal_eval(lines[3])) <= {
+        "work",
+        "tmp",
+        "dev",
+        "proc",
+        "usr",
+        "bin",
+        "lib",
+        "lib64",
+        "lib32",
+        "sbin",
+        "root",
+        "opt",
+        "home",
+    }
+    assert lines[4] == "[False, False, False]"  # no host file outside /usr and the interpreter is visible
+    assert lines[5] == "8"
 
 
 def _world_executable(path: str) -> bool:
