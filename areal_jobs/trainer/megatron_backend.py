@@ -1,0 +1,694 @@
+"""Megatron-Core trainer backend: GPTModel with TP/PP/DP behind the `TrainBackend` protocol.
+
+A drop-in for the torch backend: same batches in, same loss, HF-named weights out.
+One `train_step`:
+  1. rank 0's TrainBatch is broadcast; its samples are split over DP ranks (balanced by tokens)
+     and packed into micro-batches under `trainer.max_tokens_per_microbatch`, with the same
+     number of micro-batches on every DP rank (padded with empty ones);
+  2. proximal log-probs for every micro-batch with the pre-step weights (forward only);
+  3. forward/backward of the decoupled PPO loss over all micro-batches. Each micro-batch's loss
+     is already divided by the output-token count of the whole global batch (trainer/loss.py),
+     so gradients are summed over micro-batches and DP ranks, never averaged; then clipping
+     at `trainer.grad_clip` and one AdamW step of Megatron's distributed optimizer.
+Log-probs come from vocab-parallel logits through `vocab_parallel_cross_entropy`; the padded
+vocab columns are set to -inf first, so the softmax is over the HF vocab exactly.
+Packing: THD with PackedSeqParams under TransformerEngine (GPU), else one row per micro-batch
+with a block-diagonal causal mask and positions restarting at 0 per sequence.
+
+Who does what: every method runs on every trainer rank at once. `weight_specs`/`iter_weights`
+gather TP shards collectively; the TP-rank-0, DP-rank-0 rank of each pipeline stage is that
+stage's sender and the only rank that yields (its own layers, HF names and dtype).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.module import Float16Module
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from areal_jobs.api import TensorSpec
+from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.trainer import megatron_model
+from areal_jobs.trainer.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.loss import LossStats, decoupled_ppo_loss
+from areal_jobs.trainer.megatron_convert import (
+    ModelDims,
+    ParamMap,
+    full_to_hf,
+    hf_shapes,
+    hf_to_megatron_shard,
+    merge_tp,
+    param_maps,
+)
+from areal_jobs.trainer.packing import balanced_microbatches, pack
+
+logger = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {DType.float32: torch.float32, DType.bfloat16: torch.bfloat16}
+# model-space optimizer state: reloadable at another TP/PP/DP layout (dp_reshardable is DP-only)
+_OPTIM_CKPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+def init_distributed(trainer: TrainerConfig, *, timeout_s: float = 600.0) -> None:
+    """Call first on every trainer rank: process group (env://), Megatron model-parallel state.
+
+    Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK on GPU) unless the default
+    process group already exists. Without a CUDA device it switches on megatron_cpu_compat and
+    uses gloo; with one it uses NCCL on device LOCAL_RANK.
+    """
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        from areal_jobs.trainer import megatron_cpu_compat
+
+        megatron_cpu_compat.enable()
+        torch.set_num_threads(trainer.threads)
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    expected = trainer.tp_size * trainer.pp_size * trainer.dp_size
+    if dist.get_world_size() != expected:
+        raise ValueError(
+            f"{dist.get_world_size()} trainer processes but trainer.tp_size * trainer.pp_size * "
+            f"trainer.dp_size = {expected}: change trainer.dp_size"
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=trainer.tp_size,
+            pipeline_model_parallel_size=trainer.pp_size,
+        )
+    tensor_parallel.model_parallel_cuda_manual_seed(trainer.seed)
+
+
+def shutdown_distributed() -> None:
+    """Tear down what `init_distributed` set up (end of a run or a test)."""
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def plan_microbatches(
+    lengths: Sequence[int], dp_size: int, max_tokens: int
+) -> list[list[list[int]]]:
+    """Sample indices per DP rank per micro-batch: DP shares balanced by tokens (largest first),
+    each packed under `max_tokens`, with the same micro-batch count on every rank ([] = empty)."""
+    shares: list[list[int]] = [[] for _ in range(dp_size)]
+    if lengths:
+        by_share = balanced_microbatches(
+            lengths, max(sum(lengths), 1), min_count=dp_size
+        )
+        for rank, share in enumerate(by_share):
+            shares[rank] = share
+    count = 1
+    while True:
+        plans = [
+            balanced_microbatches(
+                [lengths[i] for i in share], max_tokens, min_count=count
+            )
+            for share in shares
+        ]
+        if max(len(p) for p in plans) <= count:
+            break
+        count = max(len(p) for p in plans)
+    return [
+        [[share[i] for i in mb] for mb in plan] + [[]] * (count - len(plan))
+        for share, plan in zip(shares, plans)
+    ]
+
+
+@dataclass
+class _MicroBatch:
+    """One packed micro-batch of this DP rank. T tokens in one row, n output tokens."""
+
+    input_ids: torch.Tensor  # int64 [1, T]
+    position_ids: torch.Tensor  # int64 [1, T], restarting at 0 per sequence
+    labels: torch.Tensor  # int64 [T]: the next token in the row
+    out_index: torch.Tensor  # int64 [n]: positions whose next token is an output token
+    behav_logp: torch.Tensor  # float32 [n]
+    advantages: torch.Tensor  # float32 [n]
+    loss_mask: torch.Tensor  # float32 [n]
+    attention_mask: torch.Tensor | None  # bool [1, 1, T, T], True = masked (local spec)
+    packed_seq_params: PackedSeqParams | None  # THD (TransformerEngine)
+    prox_logp: torch.Tensor | None = (
+        None  # float32 [n], filled before the gradient pass
+    )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+class _SafetensorsReader:
+    """Lazy HF tensor reads by name over a (possibly sharded) safetensors checkpoint."""
+
+    def __init__(self, model_path: str) -> None:
+        root = Path(model_path)
+        index = root / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self._files = {name: root / f for name, f in weight_map.items()}
+        else:
+            self._files = {}
+            for path in sorted(root.glob("*.safetensors")):
+                with safe_open(str(path), "pt") as f:
+                    names = f.keys()  # a safe_open handle is not iterable
+                    self._files.update(dict.fromkeys(names, path))
+        if not self._files:
+            raise ValueError(
+                f"no safetensors weights in {model_path}: model.path must be an HF model directory"
+            )
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._files:
+            raise KeyError(f"{name} is not in the checkpoint")
+        with safe_open(str(self._files[name]), "pt") as f:
+            return f.get_tensor(name)
+
+
+@contextlib.contextmanager
+def _torch_adamw_state_load(optimizer) -> Iterator[None]:
+    """Two fixes for megatron-core 0.16.1 loading distributed-optimizer state into torch's AdamW
+    (used when neither TransformerEngine nor apex is installed), which keeps a "step" tensor in
+    every parameter's state:
+      - the `fully_reshardable` loader copies every per-parameter entry from the checkpoint,
+        which stores "step" per group instead: hide it during each copy;
+      - the step is restored as ONE tensor shared by every parameter, which AdamW then
+        increments once per parameter: give each parameter its own copy afterwards."""
+    optimizers = getattr(optimizer, "chained_optimizers", [optimizer])
+    for opt in optimizers:
+        copy_states = opt._set_main_param_and_optimizer_states
+
+        def without_step(model_param, tensors, opt=opt, copy_states=copy_states):
+            group_index, group_order = opt.model_param_group_index_map[model_param]
+            param_state = opt.optimizer.state[
+                opt.optimizer.param_groups[group_index]["params"][group_order]
+            ]
+            step = param_state.pop("step", None)
+            copy_states(model_param, tensors)
+            if step is not None:
+                param_state["step"] = step
+
+        opt._set_main_param_and_optimizer_states = without_step
+    try:
+        yield
+    finally:
+        for opt in optimizers:
+            del opt._set_main_param_and_optimizer_states  # back to the class method
+            for param_state in opt.optimizer.state.values():
+                if "step" in param_state:
+                    param_state["step"] = param_state["step"].clone()
+
+
+class MegatronBackend:
+    """`TrainBackend` on Megatron-Core. Construct anywhere (no I/O); `setup()` after
+    `init_distributed`, on every rank."""
+
+    def __init__(
+        self,
+        trainer_cfg: TrainerConfig,
+        algo: AlgoConfig,
+        model_path: str,
+        dtype: DType,
+    ) -> None:
+        if dtype not in _TORCH_DTYPES:
+            raise ValueError(
+                f"trainer=megatron trains in float32 or bfloat16: set model.dtype=bfloat16, not {dtype.value}"
+            )
+        self._cfg = trainer_cfg
+        self._algo = algo
+        self._model_path = model_path
+        self._dtype = _TORCH_DTYPES[dtype]
+        self._num_global_tokens = 0.0
+
+    # ------------------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        """Build this stage's model, load the HF weights, wrap in DDP, build the optimizer."""
+        cfg = self._cfg
+        self.dims = ModelDims.from_hf_config(
+            megatron_model.read_hf_config(self._model_path),
+            vocab_multiple=cfg.megatron_vocab_multiple,
+        )
+        self.dims.check_layout(cfg.tp_size, cfg.pp_size)
+        self._use_te = megatron_model.use_transformer_engine()
+        self._device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else None
+        )
+        self._tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self._pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self._dp_rank = parallel_state.get_data_parallel_rank()
+        self._maps = param_maps(
+            self.dims,
+            pp_size=cfg.pp_size,
+            pp_rank=self._pp_rank,
+            te_fused_norms=self._use_te,
+        )
+        config = megatron_model.transformer_config(
+            self.dims,
+            tp_size=cfg.tp_size,
+            pp_size=cfg.pp_size,
+            params_dtype=self._dtype,
+            use_te=self._use_te,
+        )
+        self._gpt = megatron_model.build_gpt(self.dims, config, use_te=self._use_te)
+        self._load_hf(_SafetensorsReader(self._model_path))
+        module = (
+            Float16Module(config, self._gpt)
+            if self._dtype != torch.float32
+            else self._gpt
+        )
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=True,
+        )
+        self._ddp = DistributedDataParallel(config, ddp_config, module)
+        config.no_sync_func = self._ddp.no_sync
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.lr,
+            min_lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            clip_grad=cfg.grad_clip,
+            bf16=self._dtype == torch.bfloat16,
+            params_dtype=self._dtype,
+            use_distributed_optimizer=True,
+        )
+        # {} = one group, weight decay on every parameter, as the torch backend's AdamW does
+        self._optimizer = get_megatron_optimizer(
+            opt_config, [self._ddp], config_overrides={}
+        )
+        self._pad_vocab_mask = self._padded_vocab_columns()
+
+    def _load_hf(self, reader: _SafetensorsReader) -> None:
+        shard = hf_to_megatron_shard(
+            reader.get,
+            self.dims,
+            tp_size=self._cfg.tp_size,
+            tp_rank=self._tp_rank,
+            pp_size=self._cfg.pp_size,
+            pp_rank=self._pp_rank,
+            te_fused_norms=self._use_te,
+        )
+        params = dict(self._gpt.named_parameters())
+        if set(params) != set(shard):
+            raise RuntimeError(
+                f"HF adapter and GPTModel disagree on parameters: {sorted(set(params) ^ set(shard))}"
+            )
+        with torch.no_grad():
+            for name, param in params.items():
+                if param.shape != shard[name].shape:
+                    raise RuntimeError(
+                        f"{name}: model shape {tuple(param.shape)}, adapter {tuple(shard[name].shape)}"
+                    )
+                param.copy_(shard[name])
+
+    def _padded_vocab_columns(self) -> torch.Tensor | None:
+        """bool [Vp/tp]: this TP rank's logit columns beyond the HF vocab (None if none)."""
+        per_rank = self.dims.padded_vocab_size // self._cfg.tp_size
+        index = torch.arange(per_rank, device=self._device) + self._tp_rank * per_rank
+        pad = index >= self.dims.vocab_size
+        return pad if bool(pad.any()) else None
+
+    # ------------------------------------------------------------------------------ training
+
+    def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
+        start = time.perf_counter()
+        holder = [batch]
+        dist.broadcast_object_list(holder, src=0)
+        batch = holder[0]
+        assert batch is not None
+        if batch.num_output_tokens == 0:
+            raise ValueError("train_step got a batch without output tokens")
+        self._num_global_tokens = float(batch.num_output_tokens)
+        plan = plan_microbatches(
+            [len(s.input_ids) for s in batch.samples],
+            self._cfg.dp_size,
+            self._cfg.max_tokens_per_microbatch,
+        )
+        microbatches = [
+            self._microbatch([batch.samples[i] for i in mb])
+            for mb in plan[self._dp_rank]
+        ]
+
+        if self._algo.decoupled:
+            with torch.no_grad():
+                outputs = self._run_schedule(
+                    microbatches, self._logp_loss, forward_only=True
+                )
+            for mb, out in zip(
+                microbatches, outputs
+            ):  # outputs exist on the last stage only
+                mb.prox_logp = out["logp"]
+        else:
+            for mb in microbatches:
+                mb.prox_logp = mb.behav_logp
+        prox_s = time.perf_counter() - start
+
+        self._ddp.zero_grad_buffer()
+        self._optimizer.zero_grad()
+        outputs = self._run_schedule(microbatches, self._ppo_loss, forward_only=False)
+        finalize_model_grads([self._ddp])
+        update_ok, grad_norm, _ = self._optimizer.step()
+        if not update_ok:
+            raise RuntimeError(
+                "Megatron optimizer step was skipped (non-finite gradients)"
+            )
+        return self._metrics(
+            outputs, batch, float(grad_norm or 0.0), prox_s, time.perf_counter() - start
+        )
+
+    def _microbatch(self, samples: list[TrainSample]) -> _MicroBatch:
+        dev = self._device
+        if (
+            not samples
+        ):  # an empty micro-batch keeps every DP rank's schedule the same length
+            seqs, prompts = [np.zeros(1, dtype=np.int64)], [1]
+        else:
+            seqs, prompts = (
+                [s.input_ids for s in samples],
+                [s.num_prompt_tokens for s in samples],
+            )
+        packed = pack(seqs)
+        starts = packed.cu_seqlens[:-1]
+        out_index = np.concatenate(
+            [
+                np.arange(s + p - 1, s + len(q) - 1)
+                for s, p, q in zip(starts, prompts, seqs)
+            ]
+        ).astype(np.int64)
+        n = int(out_index.shape[0])
+        behav = (
+            np.concatenate([s.behav_logprobs for s in samples])
+            if samples
+            else np.zeros(0, np.float32)
+        )
+        adv = (
+            np.concatenate(
+                [np.full(s.num_output_tokens, s.advantage, np.float32) for s in samples]
+            )
+            if samples
+            else behav
+        )
+        ids = torch.as_tensor(packed.input_ids, device=dev)
+        mask, psp = None, None
+        if self._use_te:
+            cu = torch.as_tensor(packed.cu_seqlens, dtype=torch.int32, device=dev)
+            longest = int(np.diff(packed.cu_seqlens).max())
+            psp = PackedSeqParams(
+                qkv_format="thd",
+                cu_seqlens_q=cu,
+                cu_seqlens_kv=cu,
+                max_seqlen_q=longest,
+                max_seqlen_kv=longest,
+            )
+        else:
+            lengths = torch.as_tensor(np.diff(packed.cu_seqlens), device=dev)
+            segment = torch.repeat_interleave(
+                torch.arange(len(seqs), device=dev), lengths
+            )
+            causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=dev).tril()
+            mask = ~((segment[:, None] == segment[None, :]) & causal)[None, None]
+        return _MicroBatch(
+            input_ids=ids[None],
+            position_ids=torch.as_tensor(packed.position_ids, device=dev)[None],
+            labels=torch.roll(ids, -1),
+            out_index=torch.as_tensor(out_index, device=dev),
+            behav_logp=torch.as_tensor(behav, dtype=torch.float32, device=dev),
+            advantages=torch.as_tensor(adv, dtype=torch.float32, device=dev),
+            loss_mask=torch.ones(n, dtype=torch.float32, device=dev),
+            attention_mask=mask,
+            packed_seq_params=psp,
+        )
+
+    def _run_schedule(
+        self, microbatches: list[_MicroBatch], loss_fn, *, forward_only: bool
+    ) -> list[dict]:
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            output = model(
+                mb.input_ids,
+                mb.position_ids,
+                mb.attention_mask,
+                packed_seq_params=mb.packed_seq_params,
+            )
+            return output, partial(loss_fn, mb)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(microbatches),
+            model=[self._ddp],
+            num_microbatches=len(microbatches),
+            seq_length=max(
+                mb.num_tokens for mb in microbatches
+            ),  # ignored with variable lengths
+            micro_batch_size=1,
+            forward_only=forward_only,
+        )
+
+    @torch.no_grad()
+    def full_logits(self, sequences: Sequence[np.ndarray]) -> torch.Tensor | None:
+        """Evaluation forward of packed sequences -> logits over the HF vocab [T, V] (float32),
+        on the last pipeline stage's ranks (None on the others). Collective over all ranks."""
+        samples = [
+            TrainSample(
+                "",
+                np.asarray(s, np.int64),
+                len(s),
+                np.zeros(0, np.float32),
+                np.zeros(0, np.int32),
+                0.0,
+                0.0,
+            )
+            for s in sequences
+        ]
+        gather = tensor_parallel.gather_from_tensor_model_parallel_region
+
+        def keep_logits(mb: _MicroBatch, logits: torch.Tensor):
+            full = gather(logits[0].float())[:, : self.dims.vocab_size]
+            return (
+                logits.new_zeros(()),
+                torch.tensor(0, dtype=torch.int),
+                {"logits": full},
+            )
+
+        outputs = self._run_schedule(
+            [self._microbatch(samples)], keep_logits, forward_only=True
+        )
+        return outputs[0]["logits"] if outputs else None
+
+    def token_logprobs(self, logits: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
+        """logits [1, T, Vp/tp] (vocab-parallel) -> log-probs of the output tokens [n]."""
+        logits = logits[0].float()
+        if self._pad_vocab_mask is not None:
+            logits = logits.masked_fill(self._pad_vocab_mask, float("-inf"))
+        nll = tensor_parallel.vocab_parallel_cross_entropy(
+            logits[:, None], mb.labels[:, None]
+        )
+        return -nll[:, 0].index_select(0, mb.out_index)
+
+    def _logp_loss(self, mb: _MicroBatch, logits: torch.Tensor):
+        logp = self.token_logprobs(logits, mb)
+        return (
+            logits.new_zeros(()),
+            torch.tensor(0, dtype=torch.int),
+            {"logp": logp.detach()},
+        )
+
+    def _ppo_loss(self, mb: _MicroBatch, logits: torch.Tensor):
+        assert mb.prox_logp is not None
+        loss, stats = decoupled_ppo_loss(
+            self.token_logprobs(logits, mb),
+            mb.prox_logp,
+            mb.behav_logp,
+            mb.advantages,
+            mb.loss_mask,
+            clip_eps=self._algo.clip_eps,
+            num_global_tokens=self._num_global_tokens,
+            behav_weight_cap=self._algo.behav_weight_cap,
+        )
+        # (loss, token count, report): with calculate_per_token_loss Megatron leaves loss unscaled
+        return (
+            loss,
+            torch.tensor(int(stats.num_tokens), dtype=torch.int),
+            {"loss": loss.detach(), "stats": stats},
+        )
+
+    def _metrics(
+        self,
+        outputs: list[dict],
+        batch: TrainBatch,
+        grad_norm: float,
+        prox_s: float,
+        step_s: float,
+    ) -> dict[str, float]:
+        """Sum the last stage's loss and stats over DP ranks onto global rank 0."""
+        stats = LossStats()
+        loss = 0.0
+        if parallel_state.is_pipeline_last_stage() and self._tp_rank == 0:
+            for out in outputs:
+                stats.add(out["stats"])
+                loss += float(out["loss"])
+        keys = list(vars(stats))
+        totals = torch.tensor(
+            [loss, *(getattr(stats, k) for k in keys)],
+            dtype=torch.float64,
+            device=self._device,
+        )
+        dist.all_reduce(totals)
+        summed = LossStats(**dict(zip(keys, totals[1:].tolist())))
+        return {
+            "train/loss": float(totals[0]),
+            "train/grad_norm": grad_norm,
+            "train/num_tokens": float(batch.num_output_tokens),
+            "train/num_samples": float(len(batch.samples)),
+            **summed.to_metrics(),
+            "perf/prox_logp_s": prox_s,
+            "perf/train_step_s": step_s,
+        }
+
+    # ------------------------------------------------------------------------------ weights out
+
+    def _exported_maps(self) -> list[ParamMap]:
+        return [pm for pm in self._maps if pm.exported]
+
+    def _dtype_name(self) -> str:
+        return str(self._dtype).removeprefix("torch.")
+
+    def weight_specs(self) -> list[TensorSpec]:
+        if self._dp_rank != 0 or self._tp_rank != 0:
+            return []
+        dtype = self._dtype_name()
+        return [
+            TensorSpec(name=name, dtype=dtype, shape=shape)
+            for pm in self._exported_maps()
+            for name, shape in zip(pm.hf_names, hf_shapes(pm, self.dims))
+        ]
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Senders get a generator; the other TP ranks of DP rank 0 join the gathers eagerly."""
+        if self._dp_rank != 0:
+            return iter(())
+        if self._tp_rank == 0:
+            return self._gathered_weights()
+        for _ in self._gathered_weights():
+            pass
+        return iter(())
+
+    def _gathered_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        params = dict(self._gpt.named_parameters())
+        group = parallel_state.get_tensor_model_parallel_group()
+        for pm in self._exported_maps():
+            local = params[pm.megatron_name].detach()
+            if self._cfg.tp_size > 1:
+                shards = [torch.empty_like(local) for _ in range(self._cfg.tp_size)]
+                dist.all_gather(shards, local.contiguous(), group=group)
+                full = merge_tp(pm, shards)
+            else:
+                full = local
+            if self._tp_rank == 0:
+                for name, tensor in zip(pm.hf_names, full_to_hf(pm, full, self.dims)):
+                    yield name, tensor.to(self._dtype)
+
+    def save_hf(self, path: str) -> None:
+        """HF directory: each stage's sender writes its own safetensors shard; rank 0 writes
+        config, tokenizer files and the index."""
+        out = Path(path)
+        pp = self._cfg.pp_size
+        shard_name = f"model-{self._pp_rank + 1:05d}-of-{pp:05d}.safetensors"
+        if dist.get_rank() == 0:
+            out.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        tensors = {name: t.cpu().contiguous() for name, t in self.iter_weights()}
+        if tensors:
+            save_file(tensors, str(out / shard_name), metadata={"format": "pt"})
+        if dist.get_rank() == 0:
+            self._write_hf_metadata(out)
+        dist.barrier()
+
+    def _write_hf_metadata(self, out: Path) -> None:
+        src = Path(self._model_path)
+        for f in src.iterdir():
+            if (
+                f.is_file()
+                and not f.name.endswith(".safetensors")
+                and f.name != "model.safetensors.index.json"
+            ):
+                shutil.copy2(f, out / f.name)
+        cfg = json.loads((src / "config.json").read_text())
+        for key in ("torch_dtype", "dtype"):
+            if key in cfg:
+                cfg[key] = self._dtype_name()
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        pp = self._cfg.pp_size
+        weight_map = {
+            name: f"model-{stage + 1:05d}-of-{pp:05d}.safetensors"
+            for stage in range(pp)
+            for pm in param_maps(
+                self.dims, pp_size=pp, pp_rank=stage, te_fused_norms=self._use_te
+            )
+            if pm.exported
+            for name in pm.hf_names
+        }
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2)
+        )
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_state(self, *, is_loading: bool) -> dict:
+        model_sd = self._gpt.sharded_state_dict()
+        optim_sd = self._optimizer.sharded_state_dict(
+            model_sd, is_loading=is_loading, metadata=_OPTIM_CKPT_META
+        )
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def save_checkpoint(self, path: str) -> None:
+        """Megatron dist checkpoint (torch_dist) of model + distributed optimizer; any layout loads it."""
+        if dist.get_rank() == 0:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(self._checkpoint_state(is_loading=False), path)
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        # A torch AdamW that never stepped has no state ("step" included), which the distributed
+        # optimizer's state_dict needs: one zero-gradient step creates it; the load overwrites
+        # everything that step touched (moments, step count, parameters).
+        for opt in getattr(self._optimizer, "chained_optimizers", [self._optimizer]):
+            if not opt.optimizer.state:
+                opt._init_optimizer_states_with_dummy_values()
+        state = dist_checkpointing.load(self._checkpoint_state(is_loading=True), path)
+        self._gpt.load_state_dict(state["model"])
+        # the fp32 distributed optimizer's main params are views of the model params (leaves)
+        with torch.no_grad(), _torch_adamw_state_load(self._optimizer):
+            self._optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,298 @@
+"""Shared pieces of the Megatron tests: tiny HF models, synthetic batches, spawned gloo ranks.
+
+Workers run in fresh `spawn` processes (one per rank, one torch thread each) with the env://
+variables torchrun would set; they return numpy arrays and floats, never tensors. `run_ranks`
+fails on the first rank error and kills every rank at a hard deadline, so a hung collective
+fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+VOCAB = 200  # not a multiple of 128: the padded vocab columns are exercised (and split at TP=2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(
+    fn: Callable, rank: int, world: int, port: int, results: Any, args: tuple
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    try:
+        results.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        from areal_jobs.trainer.megatron_backend import shutdown_distributed
+
+        shutdown_distributed()
+
+
+def run_ranks(
+    fn: Callable, world: int, *args: Any, timeout_s: float = 240.0
+) -> list[Any]:
+    """Run `fn(rank, world, *args)` in `world` spawned processes; their results by rank."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    # not daemonic: dist_checkpointing.save starts a helper process of its own
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world, port, results, args))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    out: dict[int, Any] = {}
+    try:
+        while len(out) < world:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{fn.__name__}: ranks {sorted(set(range(world)) - set(out))} gave no result in {timeout_s}s"
+                )
+            try:
+                rank, status, value = results.get(timeout=min(remaining, 5.0))
+            except queue.Empty:
+                dead = [
+                    r
+                    for r, p in enumerate(procs)
+                    if p.exitcode not in (None, 0) and r not in out
+                ]
+                if dead:
+                    raise RuntimeError(
+                        f"{fn.__name__}: rank(s) {dead} died without a result"
+                    )
+                continue
+            if status == "error":
+                raise RuntimeError(f"{fn.__name__} failed on rank {rank}:\n{value}")
+            out[rank] = value
+        for p in procs:
+            p.join(timeout=max(deadline - time.monotonic(), 1.0))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+    return [out[r] for r in range(world)]
+
+
+def make_tiny_hf(
+    path: Path, family: str, *, tied: bool = False, seed: int = 0, num_layers: int = 2
+) -> Path:
+    """A tiny random fp32 HF model (every parameter random, biases and norms included)."""
+    import torch
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }
+    config_cls, model_cls = classes[family]
+    config = config_cls(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.08 * torch.randn_like(p))
+    model.save_pretrained(str(path))
+    return path
+
+
+def make_batch(
+    seed: int = 0, *, num_groups: int = 4, group_size: int = 2, vocab: int = VOCAB
+):
+    """A TrainBatch with varied prompt/output lengths, behaviour log-probs and advantages."""
+    from areal_jobs.trainer.batch import TrainBatch, TrainSample
+
+    rng = np.random.default_rng(seed)
+    samples = []
+    for g in range(num_groups):
+        prompt = rng.integers(1, vocab, size=int(rng.integers(3, 9)))
+        for i in range(group_size):
+            n = int(rng.integers(2, 12))
+            output = rng.integers(1, vocab, size=n)
+            samples.append(
+                TrainSample(
+                    sample_id=f"g{g}s{i}",
+                    input_ids=np.concatenate([prompt, output]).astype(np.int64),
+                    num_prompt_tokens=len(prompt),
+                    behav_logprobs=(
+                        np.log(1.0 / vocab) + 0.3 * rng.standard_normal(n)
+                    ).astype(np.float32),
+                    versions=np.zeros(n, dtype=np.int32),
+                    advantage=float(rng.choice([-1.0, -0.5, 0.5, 1.0])),
+                    reward=0.0,
+                )
+            )
+    return TrainBatch(
+        version=0, samples=samples, group_ids=[f"g{g}" for g in range(num_groups)]
+    )
+
+
+def trainer_config(tp: int = 1, pp: int = 1, dp: int = 1, **overrides: Any):
+    from areal_jobs.config import TrainerBackend, TrainerConfig
+
+    fields = {
+        "lr": 1e-3,
+        "grad_clip": 1.0,
+        "max_tokens_per_microbatch": 40,
+        "weight_decay": 0.01,
+        "seed": 1,
+    }
+    fields.update(overrides)
+    return TrainerConfig(
+        backend=TrainerBackend.megatron, tp_size=tp, pp_size=pp, dp_size=dp, **fields
+    )
+
+
+def start_backend(model_dir: Path | str, trainer, algo=None, dtype=None):
+    """init_distributed + MegatronBackend(...).setup(), as trainer/main.py does."""
+    from areal_jobs.config import AlgoConfig, DType
+    from areal_jobs.trainer.megatron_backend import MegatronBackend, init_distributed
+
+    init_distributed(trainer, timeout_s=120.0)
+    backend = MegatronBackend(
+        trainer, algo or AlgoConfig(), str(model_dir), dtype or DType.float32
+    )
+    backend.setup()
+    return backend
+
+
+def exported(backend) -> dict[str, np.ndarray]:
+    """Every rank joins the export; senders return their HF-named tensors."""
+    return {name: t.float().numpy().copy() for name, t in backend.iter_weights()}
+
+
+def hf_logits(model_dir: Path | str, batch) -> np.ndarray:
+    """transformers' fp32 logits for every sample of `batch`, concatenated: [T, V]."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        return torch.cat(
+            [model(torch.as_tensor(s.input_ids)[None]).logits[0] for s in batch.samples]
+        ).numpy()
+
+
+def hf_state(model_dir: Path | str) -> dict[str, np.ndarray]:
+    """Exactly the tensors of the HF checkpoint on disk."""
+    from safetensors.numpy import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    return {k: v for f in files for k, v in load_file(str(f)).items()}
+
+
+def reference_step(
+    model_dir: Path | str, batch, trainer, algo
+) -> tuple[float, float, dict[str, np.ndarray]]:
+    """One decoupled-PPO step written directly on transformers + trainer/loss.py: the same
+    semantics the backends implement (prox log-probs first, token-mean over the whole batch,
+    clipping, AdamW). Returns (loss, grad norm, HF state after the step)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from areal_jobs.trainer.loss import decoupled_ppo_loss
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=trainer.lr,
+        betas=(trainer.adam_beta1, trainer.adam_beta2),
+        weight_decay=trainer.weight_decay,
+    )
+
+    def output_logprobs(sample) -> torch.Tensor:
+        ids = torch.as_tensor(sample.input_ids)[None]
+        logp = torch.log_softmax(model(ids).logits[0].float(), -1)[:-1].gather(
+            -1, ids[0, 1:, None]
+        )[:, 0]
+        return logp[sample.num_prompt_tokens - 1 :]
+
+    with torch.no_grad():
+        prox = [output_logprobs(s) for s in batch.samples]
+    total = 0.0
+    for sample, p in zip(batch.samples, prox):
+        n = sample.num_output_tokens
+        loss, _ = decoupled_ppo_loss(
+            output_logprobs(sample),
+            p if algo.decoupled else torch.as_tensor(sample.behav_logprobs),
+            torch.as_tensor(sample.behav_logprobs),
+            torch.full((n,), sample.advantage),
+            torch.ones(n),
+            clip_eps=algo.clip_eps,
+            num_global_tokens=float(batch.num_output_tokens),
+            behav_weight_cap=algo.behav_weight_cap,
+        )
+        loss.backward()
+        total += float(loss)
+    grad_norm = float(
+        torch.nn.utils.clip_grad_norm_(model.parameters(), trainer.grad_clip)
+    )
+    opt.step()
+    state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    return total, grad_norm, state
+
+
+def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert set(a) == set(b), sorted(set(a) ^ set(b))
+    return max(
+        float(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max())
+        for k in a
+    )
