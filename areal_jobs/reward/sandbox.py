@@ -136,8 +136,9 @@ def _use_namespaces(isolation: NetworkIsolation) -> bool:
 @functools.cache
 def _warn_fallback(reason: str) -> None:
     logger.warning(
-        "code sandbox without namespaces (%s): programs keep network access; limits, uid drop and "
-        "process-group kill still apply. Set reward.network_isolation=netns to refuse this.",
+        "code sandbox without namespaces (%s): programs keep network access and see the host file "
+        "system with the sandbox uid's rights; limits, uid drop and process-group kill still apply. "
+        "Set reward.network_isolation=netns to refuse this.",
         reason,
     )
 
@@ -234,11 +235,13 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
         except BlockingIOError:
             report = b""
         os.close(ready_r)
-    # The boot script sends "R" just before exec; in namespace mode its init then adds "W<status>".
-    started = report.startswith(b"R")
+    # The boot script sends "R" just before exec and "X" if the exec failed; in namespace mode its
+    # init then adds "W<wait status>" of the program.
+    started = report.startswith(b"R") and not report.startswith(b"RX")
     returncode = proc.returncode
-    if report.startswith(b"RW") and report[2:].isdigit():
-        returncode = os.waitstatus_to_exitcode(int(report[2:]))
+    status = report.partition(b"W")[2]
+    if started and status.isdigit():
+        returncode = os.waitstatus_to_exitcode(int(status))
     timed_out = timed_out or returncode == -signal.SIGXCPU
     if not started:
         reason = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {returncode}"]

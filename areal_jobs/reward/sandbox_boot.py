@@ -16,9 +16,10 @@ Steps, in this order because each needs the privileges the next one drops:
 2. Set resource limits (soft = hard, so the program cannot raise them).
 3. Drop to the sandbox uid/gid with no supplementary groups; set no_new_privs so setuid binaries
    grant nothing; ask for SIGKILL when our parent dies (set after setuid, which clears it).
-4. Write one byte to the ready fd: from here on, any failure is the program's, not the sandbox's.
-5. execve the interpreter on main.py with `-I -S` (standard library only).
-Any failure before step 4 exits with BOOT_FAILED and a one-line reason on stderr.
+4. Write "R" to the ready fd (close-on-exec) and execve the interpreter on main.py with `-I -S`
+   (standard library only); if the exec fails, write "X". From a successful exec on, any failure
+   is the program's, not the sandbox's. In namespace mode the init then appends "W<wait status>".
+Any failure exits with BOOT_FAILED and a one-line reason on stderr.
 """
 
 import ctypes
@@ -196,13 +197,16 @@ def main() -> None:
         _fail(f"{type(e).__name__}: {e}")
     if not os.access(python, os.X_OK):
         _fail(f"uid {os.getuid()} cannot execute {python}: set reward.code_python to a readable interpreter")
+    # Close-on-exec: a successful exec closes it, so the program never holds it; a failed exec
+    # (a resource limit, an unreadable interpreter) can still say so, and is then reported as a
+    # sandbox failure rather than as a failed program.
+    os.set_inheritable(ready_fd, False)
     os.write(ready_fd, b"R")
-    os.close(ready_fd)
     try:
         os.execv(python, [python, "-I", "-S", spec["script"]])
     except OSError as e:
-        # Too late for a sandbox failure (the ready byte is sent): the parent sees a failed program.
-        _fail(str(e))
+        os.write(ready_fd, b"X")
+        _fail(f"exec {python}: {e}")
 
 
 if __name__ == "__main__":

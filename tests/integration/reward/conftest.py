@@ -70,9 +70,10 @@ def scorer_factory() -> Callable[[RewardConfig], contextlib.AbstractContextManag
     return running_scorer
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def scorer() -> Iterator[Scorer]:
-    """Two workers (the CI machine has 2 cores) with small sandbox limits."""
+    """Two workers (the CI machine has 2 cores) with small sandbox limits, shared by the session
+    (start-up imports cost seconds); tests that read metrics compare before and after."""
     with running_scorer(RewardConfig(num_workers=2, timeout_s=20.0, **SMALL_LIMITS)) as s:
         yield s
 
