@@ -49,9 +49,9 @@ class VerifierTimeout(Exception):
 
 def extract_final_answer(text: str) -> str | None:
     """The marked final answer of a response or solution, or None if it marks none."""
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return boxed.strip()
+    boxed = (_last_boxed(text) or "").strip()
+    if boxed:  # an empty \boxed{} marks nothing
+        return boxed
     for pattern in (_GSM8K_RE, _ANSWER_IS_RE):
         matches = pattern.findall(_CALCULATOR_RE.sub("", text))
         if matches and matches[-1].strip():

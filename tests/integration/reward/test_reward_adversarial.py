@@ -198,6 +198,11 @@ NEEDS_NAMESPACES = {
     "kill the parent": "no PID namespace, so sandboxes sharing the sandbox uid can signal each other",
     "read the answer key on the host": "no chroot, so world-readable host files are readable",
 }
+# What only the uid drop stops (the worker must run as root to drop to the sandbox uid).
+NEEDS_ROOT = {
+    "kill the parent": "the program runs as the worker's own uid and may signal it",
+    "read the parent's environment": "the program runs as the worker's own uid and may read /proc/<ppid>/environ",
+}
 
 
 @pytest.mark.timeout(180)
@@ -205,6 +210,8 @@ NEEDS_NAMESPACES = {
 def test_attack_gets_zero_reward(outcome: Outcome, name: str, namespaces: bool) -> None:
     if name in NEEDS_NAMESPACES and not namespaces:
         pytest.skip(f"documented fallback limit: {NEEDS_NAMESPACES[name]}")
+    if name in NEEDS_ROOT and os.geteuid() != 0:
+        pytest.skip(f"documented limit without root: {NEEDS_ROOT[name]}")
     result = outcome.results[name]
     assert result.reward == 0.0, result
     if name in TIMEOUT_ATTACKS:
@@ -221,6 +228,7 @@ def test_no_sandboxed_process_survives(outcome: Outcome) -> None:
     assert outcome.leftovers == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="without root, programs run as the workers' uid (documented)")
 def test_workers_survive_and_keep_working(outcome: Outcome) -> None:
     assert outcome.workers_after == outcome.workers_before
     for pid in outcome.workers_after:

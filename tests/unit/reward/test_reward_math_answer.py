@@ -34,6 +34,7 @@ EXTRACTION = [
     ("Thus the answer is: $\\frac{1}{2}$", "$\\frac{1}{2}$"),
     ("I computed 7 + 5 = 12 apples.", None),
     ("unfinished \\boxed{12", None),
+    ("\\boxed{ } is empty", None),
     ("", None),
 ]
 
