@@ -61,11 +61,30 @@ def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> 
         job.cluster, workdir=job.cluster.workdir or cwd, python=job.cluster.python or python
     )
     name = f"{job.run.name}/{name_suffix}" if name_suffix else job.run.name
-    root = job.run.root if Path(job.run.root).is_absolute() else str(Path(cluster.workdir) / job.run.root)
-    job = dataclasses.replace(job, cluster=cluster, run=dataclasses.replace(job.run, name=name, root=root))
+    job = dataclasses.replace(
+        job,
+        cluster=cluster,
+        run=dataclasses.replace(job.run, name=name, root=_under(cluster.workdir, job.run.root)),
+        model=dataclasses.replace(job.model, builtin_dir=_under(cluster.workdir, job.model.builtin_dir)),
+    )
     plan = plan_job(job)
     job = apply_plan(job, plan)
     return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan))
+
+
+def _under(workdir: str, path: str) -> str:
+    """Relative paths in the config are relative to the job's working directory."""
+    return path if Path(path).is_absolute() else str(Path(workdir) / path)
+
+
+def ensure_builtin_model(job: JobConfig) -> None:
+    """The built-in tiny model (model.path empty) is built once, here, on the shared filesystem,
+    as `make run` does, so that the roles on the nodes only read it."""
+    if job.model.path:
+        return
+    from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
+
+    build_builtin_model(Path(job.model.builtin_dir), TinyRecipe(sft_steps=job.model.builtin_sft_steps))
 
 
 def write_run_dir(prepared: PreparedJob) -> Path:
@@ -88,6 +107,7 @@ def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
     if dry_run:
         print(f"dry run: wrote {script} and {prepared.run_dir / 'config.yaml'}; nothing submitted")
         return None
+    ensure_builtin_model(prepared.job)
     job_id = slurm.submit(script)
     with (prepared.run_dir / "jobs.txt").open("a") as jobs:
         jobs.write(f"{job_id}\n")

@@ -36,6 +36,7 @@ def submit(cluster: LocalSlurm, tmp_path: Path, name: str, *overrides: str) -> t
         "launch.submit",
         "cluster=local_slurm",
         f"cluster.python={wrapper}",
+        "model.path=/models/unused-by-fake-roles",  # an empty path would build the built-in model
         f"run.root={tmp_path / 'runs'}",
         f"run.name={name}",
         *local_port_overrides(3),

@@ -14,6 +14,7 @@ from areal_jobs.config import (
     ClusterConfig,
     ClusterKind,
     JobConfig,
+    ModelConfig,
     RunConfig,
     load_job_config,
 )
@@ -42,6 +43,7 @@ class RecordingSlurm:
 def local_slurm_job(root: Path) -> JobConfig:
     return JobConfig(
         run=RunConfig(name="tiny", root=str(root)),
+        model=ModelConfig(path="/models/tiny"),  # an empty path would build the built-in model
         cluster=ClusterConfig(kind=ClusterKind.slurm, nodes=4, gpus_per_node=1, loopback=True),
     )
 
@@ -53,6 +55,7 @@ def test_prepare_fills_submission_defaults_and_plans(tmp_path: Path) -> None:
     assert prepared.job.cluster.python == "/home/me/venv/bin/python"
     assert prepared.run_dir == Path("/home/me/areal/runs/tiny-arith/a=1")
     assert prepared.job.rollout.num_servers == 3
+    assert prepared.job.model.builtin_dir == "/home/me/areal/artifacts/tiny-arith"
     assert "#SBATCH --chdir=/home/me/areal" in prepared.script
 
 
