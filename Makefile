@@ -52,5 +52,27 @@ bench: install
 
 ci: lint test
 
+# ---------------------------------------------------------------- SLURM job suite (docs/slurm.md)
+# make submit EXP=math_qwen2_1p5b OVERRIDES="cluster.account=rl algo.max_staleness=8"
+# make render EXP=...        same config, launch.dry_run=true: writes <run dir>/job.sbatch, no sbatch
+# make status JOB=<id>       make cancel JOB=<id>
+# make golden                re-render the committed reference scripts sbatch/*.sbatch
+.PHONY: submit render golden status cancel
+SUBMIT_ARGS = $(if $(EXP),experiment=$(EXP)) $(OVERRIDES)
+
+submit: install
+	$(PY) -m launch.submit $(SUBMIT_ARGS)
+
+render: install
+	$(PY) -m launch.submit $(SUBMIT_ARGS) launch.dry_run=true
+
+golden: install
+	$(PY) -m launch.golden
+
+status cancel: install
+	@test -n "$(JOB)" || { echo "usage: make $@ JOB=<job id printed by make submit>" >&2; exit 2; }
+	$(PY) -m launch.slurm $@ $(JOB)
+# ---------------------------------------------------------------- end of the SLURM job suite
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
