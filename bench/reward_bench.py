@@ -28,15 +28,18 @@ FIXTURES = REPO / "tests" / "fixtures"
 NUM_WORKERS = 2
 GROUP_SIZE = 8  # G answers per prompt, scored as one score_group call, as the controller does
 
-# (LaTeX response, gold, equivalent?): answers only the symbolic verifier can decide.
-SYMBOLIC = [
-    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True),
-    ("\\boxed{\\frac{\\sqrt{3}}{3}}", "\\frac{1}{\\sqrt{3}}", True),
-    ("\\boxed{(x+1)^2}", "x^2+2x+1", True),
-    ("\\boxed{[1, 2)}", "[1,2]", False),
-    ("\\boxed{2\\pi}", "\\pi", False),
-    ("\\boxed{\\{1,2,3\\}}", "\\{3,2,1\\}", True),
-]
+
+def _symbolic_cases(k: int) -> list[tuple[str, str, bool]]:
+    """(LaTeX answer, gold, equivalent?) that only the symbolic verifier can decide. Distinct for
+    every k, so math-verify's parse caches cannot make repeats look cheap."""
+    return [
+        (f"{k}\\sqrt{{2}}", f"\\sqrt{{{2 * k * k}}}", True),
+        (f"(x+{k})^2", f"x^2+{2 * k}x+{k * k}", True),
+        (f"\\frac{{\\sqrt{{3}}}}{{{k}}}", f"\\frac{{1}}{{{k}}}\\sqrt{{3}}", True),
+        (f"\\{{{k},{k + 1}\\}}", f"\\{{{k + 1},{k}\\}}", True),
+        (f"[{k}, {k + 1})", f"[{k},{k + 1}]", False),
+        (f"{k}\\pi", f"{k + 1}\\pi", False),
+    ]
 
 
 def _rows(name: str, shared: str, fixture: str, quick_rows: int, quick: bool) -> list[dict]:
@@ -58,8 +61,8 @@ def math_requests(quick: bool) -> list[tuple[RewardRequest, float]]:
 
 
 def symbolic_requests(quick: bool) -> list[tuple[RewardRequest, float]]:
-    repeats = 5 if quick else 25
-    return [(RewardRequest("math", r, g), float(same)) for r, g, same in SYMBOLIC] * repeats
+    cases = [case for k in range(1, 6 if quick else 26) for case in _symbolic_cases(k)]
+    return [(RewardRequest("math", f"\\boxed{{{r}}}", g), float(same)) for r, g, same in cases]
 
 
 def code_requests(quick: bool) -> list[tuple[RewardRequest, float]]:
@@ -86,8 +89,9 @@ async def _run(quick: bool) -> dict[str, float]:
     service = RewardService(RewardConfig(num_workers=NUM_WORKERS))
     service.start()
     try:
-        # Warm-up: workers import their verifiers on start; that is start-up cost, not throughput.
-        await service.score_group([RewardRequest("math", "\\boxed{1}", "1")] * NUM_WORKERS)
+        # Warm-up: workers import their verifiers on start and build the LaTeX parser on first use;
+        # that is start-up cost, not throughput. One request per worker (all idle: one each).
+        await service.score_group([RewardRequest("math", "\\boxed{2\\sqrt{2}}", "\\sqrt{8}")] * NUM_WORKERS)
         metrics: dict[str, float] = {"reward/bench_workers": float(NUM_WORKERS)}
         wrong_total = 0
         for key, cases in (
