@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -69,6 +69,7 @@ class LocalSlurm:
 
     root: Path
     env: dict[str, str]
+    daemons: list[subprocess.Popen] = field(default_factory=list)
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True, check=check)
@@ -91,6 +92,21 @@ class LocalSlurm:
                 self.nudge_backfill()
             time.sleep(0.5)
         raise TimeoutError(f"job {job_id} still {self.job_states(job_id)} after {timeout_s}s")
+
+    def leftover_job_processes(self, grace_s: float = 30.0) -> list[str]:
+        """Processes started under this cluster, other than its daemons, still alive after a
+        finished job has had `grace_s` to wind down (slurmstepd exits a moment after COMPLETED)."""
+        daemons = {proc.pid for proc in self.daemons}
+        deadline = time.monotonic() + grace_s
+        while True:
+            pids = [
+                pid
+                for pid in _processes_of(self.root / "etc/slurm.conf")
+                if pid not in daemons and _comm(pid) != "slurmscriptd"  # slurmctld's own helper
+            ]
+            if not pids or time.monotonic() > deadline:
+                return [_describe(pid) for pid in pids]
+            time.sleep(0.5)
 
     def nudge_backfill(self) -> None:
         """Het jobs are started only by the backfill scheduler, which reruns only after a job,
@@ -165,6 +181,21 @@ def _processes_of(conf: Path) -> list[int]:
     return pids
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _describe(pid: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"{pid}: (gone)"
+    return f"{pid}: " + " ".join(arg.decode(errors="replace") for arg in argv).strip()
+
+
 def _drain(cluster: LocalSlurm) -> None:
     cluster.run("scancel", "-u", getpass.getuser(), check=False)
     deadline = time.monotonic() + 60
@@ -187,7 +218,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     env = dict(os.environ, SLURM_CONF=str(conf), PATH=f"{root}/bin:{os.environ['PATH']}")
     daemon_io = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
     procs = [subprocess.Popen(["slurmctld", "-D", "-i"], **daemon_io)]
-    cluster = LocalSlurm(root=root, env=env)
+    cluster = LocalSlurm(root=root, env=env, daemons=procs)
     saved = {key: os.environ.get(key) for key in ("SLURM_CONF", "PATH")}
     try:
         _wait_for(["scontrol", "ping"], env, "slurmctld")
@@ -213,9 +244,10 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
                 proc.kill()
                 proc.wait()
         leftovers = _processes_of(conf)
+        described = [_describe(pid) for pid in leftovers]
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
-        assert not leftovers, f"processes of the test cluster survived shutdown: {leftovers}"
+        assert not leftovers, f"processes of the test cluster survived shutdown: {described}"
 
 
 def local_port_overrides(num_servers: int) -> list[str]:

@@ -96,6 +96,7 @@ def test_hetjob_places_roles_and_wires_them(slurm_cluster: LocalSlurm, tmp_path:
     assert "done at step 3" in (logs / "trainer-0.log").read_text()
     assert "trainer exited with 0" in (logs / f"sbatch-{job_id}.out").read_text()
     assert json.loads((run_dir / "summary.json").read_text()) == {"start_step": 0, "final_step": 3}
+    assert slurm_cluster.leftover_job_processes() == []
 
 
 def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
@@ -126,3 +127,4 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm, tmp_pa
     assert f"starting at step {checkpoint_step}" in trainer_log
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary == {"start_step": checkpoint_step, "final_step": total}
+    assert slurm_cluster.leftover_job_processes() == []
