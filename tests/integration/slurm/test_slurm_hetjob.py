@@ -84,7 +84,12 @@ def test_hetjob_places_roles_and_wires_them(slurm_cluster: LocalSlurm, tmp_path:
     trainer = _snapshot(run_dir, "trainer0")
     assert trainer["SLURMD_NODENAME"] == "n4"
     assert (trainer["RANK"], trainer["WORLD_SIZE"], trainer["LOCAL_RANK"]) == ("0", "1", "0")
-    assert trainer["MASTER_ADDR"] == trainer["AREAL_CONTROLLER_HOST"] == "127.0.0.1"
+    assert (
+        trainer["MASTER_ADDR"]
+        == trainer["AREAL_CONTROLLER_HOST"]
+        == trainer["AREAL_BIND_HOST"]
+        == "127.0.0.1"
+    )
     assert trainer["MASTER_PORT"] == str(config["cluster"]["master_port"])
     controller = _snapshot(run_dir, "controller")
     assert controller["SLURMD_NODENAME"] == "n4" and controller["AREAL_JOB_TOKEN"] == token

@@ -97,6 +97,8 @@ def test_srun_lines_start_each_role_in_its_group() -> None:
     assert "--het-group=1" in trainer and "areal_jobs.trainer.main" in trainer
     assert "RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID" in trainer
     assert "SERVERS_PER_NODE=8\n" in script and "TRAINER_TASKS_PER_NODE=8\n" in script
+    for srun in sruns:  # every role binds a reachable address: its node's hostname off loopback
+        assert "export AREAL_BIND_HOST=${AREAL_BIND_HOST:-$(hostname)}" in srun
 
 
 def test_discovery_token_and_trap_are_in_the_script() -> None:
