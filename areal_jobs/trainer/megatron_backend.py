@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -74,12 +75,15 @@ _OPTIM_CKPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 def init_distributed(trainer: TrainerConfig, *, timeout_s: float = 600.0) -> None:
-    """Call first on every trainer rank: process group (env://), Megatron model-parallel state.
+    """Call first on every trainer rank: process group, Megatron model-parallel state, seeds.
 
-    Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK on GPU) unless the default
-    process group already exists. Without a CUDA device it switches on megatron_cpu_compat and
-    uses gloo; with one it uses NCCL on device LOCAL_RANK.
+    Joins the default process group from env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as
+    torchrun or the SLURM launcher set them) unless it already exists; a lone trainer process
+    without those variables (tp = pp = dp = 1) gets a private one-rank group. Without a CUDA
+    device it switches on megatron_cpu_compat and uses gloo; with one, NCCL on LOCAL_RANK.
+    Megatron's rank order is tp fastest, then dp, then pp: global rank 0 is TP/DP/PP rank 0.
     """
+    expected = trainer.tp_size * trainer.pp_size * trainer.dp_size
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
@@ -89,8 +93,19 @@ def init_distributed(trainer: TrainerConfig, *, timeout_s: float = 600.0) -> Non
         torch.set_num_threads(trainer.threads)
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    expected = trainer.tp_size * trainer.pp_size * trainer.dp_size
+        timeout = timedelta(seconds=timeout_s)
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, timeout=timeout)
+        elif expected == 1:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+            dist.init_process_group(backend, init_method=address, rank=0, world_size=1, timeout=timeout)
+        else:
+            raise ValueError(
+                f"trainer.tp_size * pp_size * dp_size = {expected} processes: start them with torchrun "
+                "or srun so that RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set"
+            )
     if dist.get_world_size() != expected:
         raise ValueError(
             f"{dist.get_world_size()} trainer processes but trainer.tp_size * trainer.pp_size * "
@@ -98,8 +113,7 @@ def init_distributed(trainer: TrainerConfig, *, timeout_s: float = 600.0) -> Non
         )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=trainer.tp_size,
-            pipeline_model_parallel_size=trainer.pp_size,
+            tensor_model_parallel_size=trainer.tp_size, pipeline_model_parallel_size=trainer.pp_size
         )
     tensor_parallel.model_parallel_cuda_manual_seed(trainer.seed)
 
@@ -112,24 +126,18 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def plan_microbatches(
-    lengths: Sequence[int], dp_size: int, max_tokens: int
-) -> list[list[list[int]]]:
+def plan_microbatches(lengths: Sequence[int], dp_size: int, max_tokens: int) -> list[list[list[int]]]:
     """Sample indices per DP rank per micro-batch: DP shares balanced by tokens (largest first),
     each packed under `max_tokens`, with the same micro-batch count on every rank ([] = empty)."""
     shares: list[list[int]] = [[] for _ in range(dp_size)]
     if lengths:
-        by_share = balanced_microbatches(
-            lengths, max(sum(lengths), 1), min_count=dp_size
-        )
+        by_share = balanced_microbatches(lengths, max(sum(lengths), 1), min_count=dp_size)
         for rank, share in enumerate(by_share):
             shares[rank] = share
     count = 1
     while True:
         plans = [
-            balanced_microbatches(
-                [lengths[i] for i in share], max_tokens, min_count=count
-            )
+            balanced_microbatches([lengths[i] for i in share], max_tokens, min_count=count)
             for share in shares
         ]
         if max(len(p) for p in plans) <= count:
@@ -137,7 +145,7 @@ def plan_microbatches(
         count = max(len(p) for p in plans)
     return [
         [[share[i] for i in mb] for mb in plan] + [[]] * (count - len(plan))
-        for share, plan in zip(shares, plans)
+        for share, plan in zip(shares, plans, strict=True)
     ]
 
 
@@ -154,9 +162,7 @@ class _MicroBatch:
     loss_mask: torch.Tensor  # float32 [n]
     attention_mask: torch.Tensor | None  # bool [1, 1, T, T], True = masked (local spec)
     packed_seq_params: PackedSeqParams | None  # THD (TransformerEngine)
-    prox_logp: torch.Tensor | None = (
-        None  # float32 [n], filled before the gradient pass
-    )
+    prox_logp: torch.Tensor | None = None  # float32 [n], filled before the gradient pass
 
     @property
     def num_tokens(self) -> int:
@@ -205,9 +211,7 @@ def _torch_adamw_state_load(optimizer) -> Iterator[None]:
 
         def without_step(model_param, tensors, opt=opt, copy_states=copy_states):
             group_index, group_order = opt.model_param_group_index_map[model_param]
-            param_state = opt.optimizer.state[
-                opt.optimizer.param_groups[group_index]["params"][group_order]
-            ]
+            param_state = opt.optimizer.state[opt.optimizer.param_groups[group_index]["params"][group_order]]
             step = param_state.pop("step", None)
             copy_states(model_param, tensors)
             if step is not None:
@@ -248,8 +252,11 @@ class MegatronBackend:
     # ------------------------------------------------------------------------------ setup
 
     def setup(self) -> None:
-        """Build this stage's model, load the HF weights, wrap in DDP, build the optimizer."""
+        """Build this stage's model, load the HF weights, wrap in DDP, build the optimizer.
+        Runs `init_distributed` first if nobody has (a lone trainer process)."""
         cfg = self._cfg
+        if not parallel_state.model_parallel_is_initialized():
+            init_distributed(cfg)
         self.dims = ModelDims.from_hf_config(
             megatron_model.read_hf_config(self._model_path),
             vocab_multiple=cfg.megatron_vocab_multiple,
@@ -257,9 +264,7 @@ class MegatronBackend:
         self.dims.check_layout(cfg.tp_size, cfg.pp_size)
         self._use_te = megatron_model.use_transformer_engine()
         self._device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else None
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         )
         self._tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self._pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -279,11 +284,7 @@ class MegatronBackend:
         )
         self._gpt = megatron_model.build_gpt(self.dims, config, use_te=self._use_te)
         self._load_hf(_SafetensorsReader(self._model_path))
-        module = (
-            Float16Module(config, self._gpt)
-            if self._dtype != torch.float32
-            else self._gpt
-        )
+        module = Float16Module(config, self._gpt) if self._dtype != torch.float32 else self._gpt
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -304,9 +305,7 @@ class MegatronBackend:
             use_distributed_optimizer=True,
         )
         # {} = one group, weight decay on every parameter, as the torch backend's AdamW does
-        self._optimizer = get_megatron_optimizer(
-            opt_config, [self._ddp], config_overrides={}
-        )
+        self._optimizer = get_megatron_optimizer(opt_config, [self._ddp], config_overrides={})
         self._pad_vocab_mask = self._padded_vocab_columns()
 
     def _load_hf(self, reader: _SafetensorsReader) -> None:
@@ -346,28 +345,18 @@ class MegatronBackend:
         holder = [batch]
         dist.broadcast_object_list(holder, src=0)
         batch = holder[0]
-        assert batch is not None
-        if batch.num_output_tokens == 0:
-            raise ValueError("train_step got a batch without output tokens")
+        assert batch is not None, "global rank 0 must pass the batch"
+        if not batch.samples:
+            return {"train/skipped_empty_batch": 1.0}
         self._num_global_tokens = float(batch.num_output_tokens)
-        plan = plan_microbatches(
-            [len(s.input_ids) for s in batch.samples],
-            self._cfg.dp_size,
-            self._cfg.max_tokens_per_microbatch,
-        )
-        microbatches = [
-            self._microbatch([batch.samples[i] for i in mb])
-            for mb in plan[self._dp_rank]
-        ]
+        lengths = [len(s.input_ids) for s in batch.samples]
+        plan = plan_microbatches(lengths, self._cfg.dp_size, self._cfg.max_tokens_per_microbatch)
+        microbatches = [self._microbatch([batch.samples[i] for i in mb]) for mb in plan[self._dp_rank]]
 
         if self._algo.decoupled:
             with torch.no_grad():
-                outputs = self._run_schedule(
-                    microbatches, self._logp_loss, forward_only=True
-                )
-            for mb, out in zip(
-                microbatches, outputs
-            ):  # outputs exist on the last stage only
+                outputs = self._run_schedule(microbatches, self._logp_loss, forward_only=True)
+            for mb, out in zip(microbatches, outputs, strict=False):  # only the last stage has outputs
                 mb.prox_logp = out["logp"]
         else:
             for mb in microbatches:
@@ -380,18 +369,21 @@ class MegatronBackend:
         finalize_model_grads([self._ddp])
         update_ok, grad_norm, _ = self._optimizer.step()
         if not update_ok:
-            raise RuntimeError(
-                "Megatron optimizer step was skipped (non-finite gradients)"
-            )
-        return self._metrics(
-            outputs, batch, float(grad_norm or 0.0), prox_s, time.perf_counter() - start
-        )
+            raise RuntimeError("Megatron optimizer step was skipped (non-finite gradients)")
+        metrics = self._reduce_metrics(outputs, microbatches)
+        return {
+            **metrics,
+            "train/grad_norm": float(grad_norm or 0.0),
+            "train/num_tokens": float(batch.num_output_tokens),
+            "train/num_sequences": float(len(batch.samples)),
+            "train/num_microbatches": float(len(microbatches)),
+            "time/prox_logp_s": prox_s,
+            "time/train_s": time.perf_counter() - start,
+        }
 
     def _microbatch(self, samples: list[TrainSample]) -> _MicroBatch:
         dev = self._device
-        if (
-            not samples
-        ):  # an empty micro-batch keeps every DP rank's schedule the same length
+        if not samples:  # an empty micro-batch keeps every DP rank's schedule the same length
             seqs, prompts = [np.zeros(1, dtype=np.int64)], [1]
         else:
             seqs, prompts = (
@@ -401,21 +393,12 @@ class MegatronBackend:
         packed = pack(seqs)
         starts = packed.cu_seqlens[:-1]
         out_index = np.concatenate(
-            [
-                np.arange(s + p - 1, s + len(q) - 1)
-                for s, p, q in zip(starts, prompts, seqs)
-            ]
+            [np.arange(s + p - 1, s + len(q) - 1) for s, p, q in zip(starts, prompts, seqs, strict=True)]
         ).astype(np.int64)
         n = int(out_index.shape[0])
-        behav = (
-            np.concatenate([s.behav_logprobs for s in samples])
-            if samples
-            else np.zeros(0, np.float32)
-        )
+        behav = np.concatenate([s.behav_logprobs for s in samples]) if samples else np.zeros(0, np.float32)
         adv = (
-            np.concatenate(
-                [np.full(s.num_output_tokens, s.advantage, np.float32) for s in samples]
-            )
+            np.concatenate([np.full(s.num_output_tokens, s.advantage, np.float32) for s in samples])
             if samples
             else behav
         )
@@ -433,9 +416,7 @@ class MegatronBackend:
             )
         else:
             lengths = torch.as_tensor(np.diff(packed.cu_seqlens), device=dev)
-            segment = torch.repeat_interleave(
-                torch.arange(len(seqs), device=dev), lengths
-            )
+            segment = torch.repeat_interleave(torch.arange(len(seqs), device=dev), lengths)
             causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=dev).tril()
             mask = ~((segment[:, None] == segment[None, :]) & causal)[None, None]
         return _MicroBatch(
@@ -450,9 +431,7 @@ class MegatronBackend:
             packed_seq_params=psp,
         )
 
-    def _run_schedule(
-        self, microbatches: list[_MicroBatch], loss_fn, *, forward_only: bool
-    ) -> list[dict]:
+    def _run_schedule(self, microbatches: list[_MicroBatch], loss_fn, *, forward_only: bool) -> list[dict]:
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             output = model(
@@ -468,9 +447,7 @@ class MegatronBackend:
             data_iterator=iter(microbatches),
             model=[self._ddp],
             num_microbatches=len(microbatches),
-            seq_length=max(
-                mb.num_tokens for mb in microbatches
-            ),  # ignored with variable lengths
+            seq_length=max(mb.num_tokens for mb in microbatches),  # ignored with variable lengths
             micro_batch_size=1,
             forward_only=forward_only,
         )
@@ -501,9 +478,7 @@ class MegatronBackend:
                 {"logits": full},
             )
 
-        outputs = self._run_schedule(
-            [self._microbatch(samples)], keep_logits, forward_only=True
-        )
+        outputs = self._run_schedule([self._microbatch(samples)], keep_logits, forward_only=True)
         return outputs[0]["logits"] if outputs else None
 
     def token_logprobs(self, logits: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
@@ -511,9 +486,7 @@ class MegatronBackend:
         logits = logits[0].float()
         if self._pad_vocab_mask is not None:
             logits = logits.masked_fill(self._pad_vocab_mask, float("-inf"))
-        nll = tensor_parallel.vocab_parallel_cross_entropy(
-            logits[:, None], mb.labels[:, None]
-        )
+        nll = tensor_parallel.vocab_parallel_cross_entropy(logits[:, None], mb.labels[:, None])
         return -nll[:, 0].index_select(0, mb.out_index)
 
     def _logp_loss(self, mb: _MicroBatch, logits: torch.Tensor):
@@ -543,37 +516,24 @@ class MegatronBackend:
             {"loss": loss.detach(), "stats": stats},
         )
 
-    def _metrics(
-        self,
-        outputs: list[dict],
-        batch: TrainBatch,
-        grad_norm: float,
-        prox_s: float,
-        step_s: float,
-    ) -> dict[str, float]:
-        """Sum the last stage's loss and stats over DP ranks onto global rank 0."""
+    def _reduce_metrics(self, outputs: list[dict], microbatches: list[_MicroBatch]) -> dict[str, float]:
+        """Loss and PPO statistics of the last stage, summed over DP ranks onto global rank 0."""
         stats = LossStats()
-        loss = 0.0
+        loss = prox_gap = 0.0
         if parallel_state.is_pipeline_last_stage() and self._tp_rank == 0:
-            for out in outputs:
+            for out, mb in zip(outputs, microbatches, strict=True):
                 stats.add(out["stats"])
                 loss += float(out["loss"])
+                prox_gap += float((mb.prox_logp - mb.behav_logp).abs().sum())
         keys = list(vars(stats))
-        totals = torch.tensor(
-            [loss, *(getattr(stats, k) for k in keys)],
-            dtype=torch.float64,
-            device=self._device,
-        )
+        values = [loss, prox_gap, *(getattr(stats, k) for k in keys)]
+        totals = torch.tensor(values, dtype=torch.float64, device=self._device)
         dist.all_reduce(totals)
-        summed = LossStats(**dict(zip(keys, totals[1:].tolist())))
+        summed = LossStats(**dict(zip(keys, totals[2:].tolist(), strict=True)))
         return {
             "train/loss": float(totals[0]),
-            "train/grad_norm": grad_norm,
-            "train/num_tokens": float(batch.num_output_tokens),
-            "train/num_samples": float(len(batch.samples)),
+            "train/prox_behav_abs_diff": float(totals[1]) / self._num_global_tokens,
             **summed.to_metrics(),
-            "perf/prox_logp_s": prox_s,
-            "perf/train_step_s": step_s,
         }
 
     # ------------------------------------------------------------------------------ weights out
@@ -591,7 +551,7 @@ class MegatronBackend:
         return [
             TensorSpec(name=name, dtype=dtype, shape=shape)
             for pm in self._exported_maps()
-            for name, shape in zip(pm.hf_names, hf_shapes(pm, self.dims))
+            for name, shape in zip(pm.hf_names, hf_shapes(pm, self.dims), strict=True)
         ]
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -616,7 +576,7 @@ class MegatronBackend:
             else:
                 full = local
             if self._tp_rank == 0:
-                for name, tensor in zip(pm.hf_names, full_to_hf(pm, full, self.dims)):
+                for name, tensor in zip(pm.hf_names, full_to_hf(pm, full, self.dims), strict=True):
                     yield name, tensor.to(self._dtype)
 
     def save_hf(self, path: str) -> None:
@@ -653,9 +613,7 @@ class MegatronBackend:
         weight_map = {
             name: f"model-{stage + 1:05d}-of-{pp:05d}.safetensors"
             for stage in range(pp)
-            for pm in param_maps(
-                self.dims, pp_size=pp, pp_rank=stage, te_fused_norms=self._use_te
-            )
+            for pm in param_maps(self.dims, pp_size=pp, pp_rank=stage, te_fused_norms=self._use_te)
             if pm.exported
             for name in pm.hf_names
         }

@@ -64,32 +64,20 @@ class ModelDims:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def from_hf_config(
-        cls, cfg: Mapping[str, Any], *, vocab_multiple: int = 128
-    ) -> ModelDims:
+    def from_hf_config(cls, cfg: Mapping[str, Any], *, vocab_multiple: int = 128) -> ModelDims:
         """Parse an HF config.json dict; raises ValueError for features the adapter lacks."""
         family = cfg.get("model_type", "")
         if family not in FAMILIES:
-            raise ValueError(
-                f"trainer=megatron supports model_type {FAMILIES}, got {family!r}"
-            )
+            raise ValueError(f"trainer=megatron supports model_type {FAMILIES}, got {family!r}")
         if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(
-                f"hidden_act={cfg.get('hidden_act')!r} is not supported (only silu)"
-            )
+            raise ValueError(f"hidden_act={cfg.get('hidden_act')!r} is not supported (only silu)")
         if (cfg.get("attention_bias") and family != "qwen2") or cfg.get("mlp_bias"):
-            raise ValueError(
-                "attention_bias / mlp_bias on o_proj or the MLP is not supported"
-            )
+            raise ValueError("attention_bias / mlp_bias on o_proj or the MLP is not supported")
         if cfg.get("use_sliding_window"):
-            raise ValueError(
-                "sliding-window attention is not supported by trainer=megatron"
-            )
+            raise ValueError("sliding-window attention is not supported by trainer=megatron")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(
-                f"rope scaling {rope} is not supported by trainer=megatron"
-            )
+            raise ValueError(f"rope scaling {rope} is not supported by trainer=megatron")
         rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
@@ -120,13 +108,9 @@ class ModelDims:
                 f"{self.num_heads} attention heads"
             )
         if self.ffn_hidden_size % tp_size or self.padded_vocab_size % tp_size:
-            raise ValueError(
-                f"trainer.tp_size={tp_size} must divide the FFN size and padded vocab"
-            )
+            raise ValueError(f"trainer.tp_size={tp_size} must divide the FFN size and padded vocab")
         if self.num_layers % pp_size:
-            raise ValueError(
-                f"trainer.pp_size={pp_size} must divide num_hidden_layers={self.num_layers}"
-            )
+            raise ValueError(f"trainer.pp_size={pp_size} must divide num_hidden_layers={self.num_layers}")
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -151,9 +135,7 @@ def stage_layers(dims: ModelDims, pp_size: int, pp_rank: int) -> range:
     return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
 
 
-def param_maps(
-    dims: ModelDims, *, pp_size: int, pp_rank: int, te_fused_norms: bool
-) -> list[ParamMap]:
+def param_maps(dims: ModelDims, *, pp_size: int, pp_rank: int, te_fused_norms: bool) -> list[ParamMap]:
     """Every parameter of one stage, in GPTModel.named_parameters() order.
 
     `te_fused_norms`: the TransformerEngine spec fuses the pre-attention and pre-MLP norms into
@@ -172,20 +154,14 @@ def param_maps(
         mg, hf = f"decoder.layers.{local}.", f"model.layers.{layer}."
         attn, mlp = hf + "self_attn.", hf + "mlp."
         in_norm = (
-            "self_attention.linear_qkv.layer_norm_weight"
-            if te_fused_norms
-            else "input_layernorm.weight"
+            "self_attention.linear_qkv.layer_norm_weight" if te_fused_norms else "input_layernorm.weight"
         )
-        maps.append(
-            ParamMap(mg + in_norm, Kind.replicated, (hf + "input_layernorm.weight",))
-        )
+        maps.append(ParamMap(mg + in_norm, Kind.replicated, (hf + "input_layernorm.weight",)))
         qkv = tuple(f"{attn}{p}_proj.weight" for p in "qkv")
         maps.append(ParamMap(mg + "self_attention.linear_qkv.weight", Kind.qkv, qkv))
         if dims.qkv_bias:
             qkv_b = tuple(f"{attn}{p}_proj.bias" for p in "qkv")
-            maps.append(
-                ParamMap(mg + "self_attention.linear_qkv.bias", Kind.qkv, qkv_b)
-            )
+            maps.append(ParamMap(mg + "self_attention.linear_qkv.bias", Kind.qkv, qkv_b))
         maps.append(
             ParamMap(
                 mg + "self_attention.linear_proj.weight",
@@ -202,11 +178,7 @@ def param_maps(
                         (f"{attn}{h}.weight",),
                     )
                 )
-        mlp_norm = (
-            "mlp.linear_fc1.layer_norm_weight"
-            if te_fused_norms
-            else "pre_mlp_layernorm.weight"
-        )
+        mlp_norm = "mlp.linear_fc1.layer_norm_weight" if te_fused_norms else "pre_mlp_layernorm.weight"
         maps.append(
             ParamMap(
                 mg + mlp_norm,
@@ -216,11 +188,7 @@ def param_maps(
         )
         gate_up = (mlp + "gate_proj.weight", mlp + "up_proj.weight")
         maps.append(ParamMap(mg + "mlp.linear_fc1.weight", Kind.gate_up, gate_up))
-        maps.append(
-            ParamMap(
-                mg + "mlp.linear_fc2.weight", Kind.row, (mlp + "down_proj.weight",)
-            )
-        )
+        maps.append(ParamMap(mg + "mlp.linear_fc2.weight", Kind.row, (mlp + "down_proj.weight",)))
     if pp_rank == pp_size - 1:
         maps.append(
             ParamMap(
@@ -230,9 +198,7 @@ def param_maps(
             )
         )
         if not dims.tied_embeddings:
-            maps.append(
-                ParamMap("output_layer.weight", Kind.vocab, ("lm_head.weight",))
-            )
+            maps.append(ParamMap("output_layer.weight", Kind.vocab, ("lm_head.weight",)))
         elif pp_size > 1:  # the last stage's copy of the tied embedding
             maps.append(
                 ParamMap(
@@ -257,19 +223,13 @@ def hf_shapes(pm: ParamMap, dims: ModelDims) -> list[tuple[int, ...]]:
     if pm.kind is Kind.gate_up:
         return [(dims.ffn_hidden_size, h)] * 2
     if pm.kind is Kind.row:
-        cols = (
-            dims.num_heads * d
-            if "linear_proj" in pm.megatron_name
-            else dims.ffn_hidden_size
-        )
+        cols = dims.num_heads * d if "linear_proj" in pm.megatron_name else dims.ffn_hidden_size
         return [(h, cols)]
     qk_norm = pm.megatron_name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
     return [(d,)] if qk_norm else [(h,)]
 
 
-def hf_to_full(
-    pm: ParamMap, tensors: list[torch.Tensor], dims: ModelDims
-) -> torch.Tensor:
+def hf_to_full(pm: ParamMap, tensors: list[torch.Tensor], dims: ModelDims) -> torch.Tensor:
     """HF tensors -> the full (TP-unsplit) Megatron tensor."""
     if pm.kind is Kind.vocab:
         (emb,) = tensors
@@ -314,8 +274,7 @@ def split_tp(pm: ParamMap, full: torch.Tensor, tp_size: int) -> list[torch.Tenso
     if pm.kind is Kind.gate_up:
         gate, up = torch.chunk(full, 2)
         return [
-            torch.cat(pair)
-            for pair in zip(torch.chunk(gate, tp_size), torch.chunk(up, tp_size))
+            torch.cat(pair) for pair in zip(torch.chunk(gate, tp_size), torch.chunk(up, tp_size), strict=True)
         ]
     return list(torch.chunk(full, tp_size, dim=0))
 
@@ -344,9 +303,7 @@ def hf_to_megatron_shard(
 ) -> dict[str, torch.Tensor]:
     """This rank's Megatron parameters (local names) from HF tensors fetched by name."""
     out: dict[str, torch.Tensor] = {}
-    for pm in param_maps(
-        dims, pp_size=pp_size, pp_rank=pp_rank, te_fused_norms=te_fused_norms
-    ):
+    for pm in param_maps(dims, pp_size=pp_size, pp_rank=pp_rank, te_fused_norms=te_fused_norms):
         full = hf_to_full(pm, [get_hf(n) for n in pm.hf_names], dims)
         out[pm.megatron_name] = split_tp(pm, full, tp_size)[tp_rank].contiguous()
     return out

@@ -72,11 +72,7 @@ class _CudaToCpuMode(TorchFunctionMode):
             args = (args[0], _CPU, *args[2:])
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)
-            return (
-                name.replace("torch.", "torch.cuda.", 1)
-                if ".cuda." not in name
-                else name
-            )
+            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
         return func(*args, **kwargs)
 
 
@@ -105,9 +101,7 @@ def _patch_megatron_rng() -> None:
     from megatron.core.tensor_parallel import random as megatron_random
 
     megatron_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    megatron_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(
-        state
-    )
+    megatron_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
 def enable() -> None:
@@ -116,9 +110,7 @@ def enable() -> None:
     if _mode is not None:
         return
     if torch.cuda.is_available():
-        raise RuntimeError(
-            "megatron_cpu_compat must not be enabled on a machine with a CUDA device"
-        )
+        raise RuntimeError("megatron_cpu_compat must not be enabled on a machine with a CUDA device")
     _patch_torch_cuda()
     _patch_megatron_rng()
     _mode = _CudaToCpuMode()

@@ -36,10 +36,7 @@ def read_hf_config(model_path: str) -> dict[str, Any]:
 
 def use_transformer_engine() -> bool:
     """TE spec only on GPU with TE installed; CPU always uses the local spec."""
-    return (
-        torch.cuda.is_available()
-        and importlib.util.find_spec("transformer_engine") is not None
-    )
+    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
 
 
 def transformer_config(

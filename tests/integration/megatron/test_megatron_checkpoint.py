@@ -30,24 +30,16 @@ def save_worker(rank: int, world: int, model_dir: str, ckpt_dir: str) -> dict:
     backend.train_step(make_batch(0) if rank == 0 else None)
     backend.save_checkpoint(ckpt_dir)
     saved = exported(backend)
-    losses = [
-        backend.train_step(make_batch(s) if rank == 0 else None)["train/loss"]
-        for s in (1, 2)
-    ]
+    losses = [backend.train_step(make_batch(s) if rank == 0 else None)["train/loss"] for s in (1, 2)]
     return {"losses": losses, "saved": saved, "after": exported(backend)}
 
 
-def load_worker(
-    rank: int, world: int, model_dir: str, ckpt_dir: str, tp: int, pp: int
-) -> dict:
+def load_worker(rank: int, world: int, model_dir: str, ckpt_dir: str, tp: int, pp: int) -> dict:
     backend = start_backend(model_dir, trainer_config(tp=tp, pp=pp))
     initial = exported(backend)
     backend.load_checkpoint(ckpt_dir)
     loaded = exported(backend)
-    losses = [
-        backend.train_step(make_batch(s) if rank == 0 else None)["train/loss"]
-        for s in (1, 2)
-    ]
+    losses = [backend.train_step(make_batch(s) if rank == 0 else None)["train/loss"] for s in (1, 2)]
     return {
         "initial": initial,
         "loaded": loaded,
@@ -69,13 +61,12 @@ def saved(tmp_path_factory):
 def test_tp2_checkpoint_loads_at_another_layout_and_continues(saved, layout):
     model_dir, ckpt, reference = saved
     tp, pp = layout
-    ranks = run_ranks(
-        load_worker, tp * pp, str(model_dir), str(ckpt), tp, pp, timeout_s=240
-    )
-    merge = lambda key: {k: v for r in ranks for k, v in r[key].items()}
-    assert (
-        max_abs_diff(merge("initial"), reference["saved"]) > 1e-4
-    )  # the load has work to do
+    ranks = run_ranks(load_worker, tp * pp, str(model_dir), str(ckpt), tp, pp, timeout_s=240)
+
+    def merge(key: str) -> dict[str, np.ndarray]:  # one sender per pipeline stage
+        return {k: v for r in ranks for k, v in r[key].items()}
+
+    assert max_abs_diff(merge("initial"), reference["saved"]) > 1e-4  # the load has work to do
     assert max_abs_diff(merge("loaded"), reference["saved"]) == 0.0
     losses = ranks[0]["losses"]
     weight_diff = max_abs_diff(merge("after"), reference["after"])

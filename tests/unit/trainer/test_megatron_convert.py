@@ -41,30 +41,22 @@ def hf_config(model_type: str = "qwen2", **overrides) -> dict:
 
 
 def dims(model_type: str = "qwen2", **overrides) -> ModelDims:
-    return ModelDims.from_hf_config(
-        hf_config(model_type, **overrides), vocab_multiple=64
-    )
+    return ModelDims.from_hf_config(hf_config(model_type, **overrides), vocab_multiple=64)
 
 
 def random_hf_state(d: ModelDims) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     state = {}
-    for stage in range(
-        d.num_layers
-    ):  # pp = num_layers: one layer per stage covers every name
-        for pm in param_maps(
-            d, pp_size=d.num_layers, pp_rank=stage, te_fused_norms=False
-        ):
-            for name, shape in zip(pm.hf_names, hf_shapes(pm, d)):
+    for stage in range(d.num_layers):  # pp = num_layers: one layer per stage covers every name
+        for pm in param_maps(d, pp_size=d.num_layers, pp_rank=stage, te_fused_norms=False):
+            for name, shape in zip(pm.hf_names, hf_shapes(pm, d), strict=True):
                 state.setdefault(name, torch.randn(shape, generator=gen))
     return state
 
 
 def test_qkv_is_grouped_query_heads_then_key_then_value():
     d = dims(num_attention_heads=4, num_key_value_heads=2, head_dim=1, hidden_size=4)
-    q = torch.tensor(
-        [[10.0], [11.0], [12.0], [13.0]]
-    )  # heads 0..3, groups {0,1} and {2,3}
+    q = torch.tensor([[10.0], [11.0], [12.0], [13.0]])  # heads 0..3, groups {0,1} and {2,3}
     k = torch.tensor([[20.0], [21.0]])
     v = torch.tensor([[30.0], [31.0]])
     pm = ParamMap("x.linear_qkv.bias", Kind.qkv, ("q", "k", "v"))
@@ -100,15 +92,13 @@ def test_every_kind_round_trips_bit_exact(family, tp):
         assert len(shards) == tp
         assert torch.equal(merge_tp(pm, shards), full)
         back = full_to_hf(pm, merge_tp(pm, shards), d)
-        assert all(torch.equal(a, b) for a, b in zip(back, tensors)), pm.megatron_name
+        assert all(torch.equal(a, b) for a, b in zip(back, tensors, strict=True)), pm.megatron_name
 
 
 def test_vocab_is_padded_with_zero_rows_and_trimmed_on_export():
     d = dims(vocab_size=100)
     assert d.padded_vocab_size == 128
-    pm = ParamMap(
-        "embedding.word_embeddings.weight", Kind.vocab, ("model.embed_tokens.weight",)
-    )
+    pm = ParamMap("embedding.word_embeddings.weight", Kind.vocab, ("model.embed_tokens.weight",))
     emb = torch.randn(100, 32)
     full = hf_to_full(pm, [emb], d)
     assert full.shape == (128, 32) and torch.equal(full[100:], torch.zeros(28, 32))
@@ -124,19 +114,12 @@ def test_padded_vocab_does_not_depend_on_tp():
 def test_shard_at_tp2_merges_to_the_tp1_tensors():
     d = dims("qwen3")
     state = random_hf_state(d)
-    full = hf_to_megatron_shard(
-        state.__getitem__, d, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0
-    )
+    full = hf_to_megatron_shard(state.__getitem__, d, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0)
     halves = [
-        hf_to_megatron_shard(
-            state.__getitem__, d, tp_size=2, tp_rank=r, pp_size=1, pp_rank=0
-        )
-        for r in (0, 1)
+        hf_to_megatron_shard(state.__getitem__, d, tp_size=2, tp_rank=r, pp_size=1, pp_rank=0) for r in (0, 1)
     ]
     for pm in param_maps(d, pp_size=1, pp_rank=0, te_fused_norms=False):
-        assert torch.equal(
-            merge_tp(pm, [h[pm.megatron_name] for h in halves]), full[pm.megatron_name]
-        )
+        assert torch.equal(merge_tp(pm, [h[pm.megatron_name] for h in halves]), full[pm.megatron_name])
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -149,17 +132,11 @@ def test_pipeline_stages_export_every_hf_tensor_once(pp, tied):
         maps = param_maps(d, pp_size=pp, pp_rank=stage, te_fused_norms=False)
         exported += [n for pm in maps if pm.exported for n in pm.hf_names]
         layers = [
-            pm.megatron_name.split(".")[2]
-            for pm in maps
-            if pm.megatron_name.startswith("decoder.layers.")
+            pm.megatron_name.split(".")[2] for pm in maps if pm.megatron_name.startswith("decoder.layers.")
         ]
-        assert sorted(set(layers), key=int) == [
-            str(i) for i in range(d.num_layers // pp)
-        ]  # local numbering
+        assert sorted(set(layers), key=int) == [str(i) for i in range(d.num_layers // pp)]  # local numbering
         hidden = [pm for pm in maps if not pm.exported]
-        if (
-            tied and pp > 1 and stage == pp - 1
-        ):  # the last stage's copy of the tied embedding
+        if tied and pp > 1 and stage == pp - 1:  # the last stage's copy of the tied embedding
             assert [pm.megatron_name for pm in hidden] == ["output_layer.weight"]
             assert hidden[0].hf_names == ("model.embed_tokens.weight",)
         else:
@@ -206,7 +183,7 @@ def test_names_and_shapes_are_those_of_transformers(family):
     ours = {
         n: s
         for pm in param_maps(d, pp_size=1, pp_rank=0, te_fused_norms=False)
-        for n, s in zip(pm.hf_names, hf_shapes(pm, d))
+        for n, s in zip(pm.hf_names, hf_shapes(pm, d), strict=True)
     }
     assert ours == hf
     assert (d.qkv_bias, d.qk_norm) == (family == "qwen2", family == "qwen3")
