@@ -84,12 +84,10 @@ def test_tiny_experiment_completes_as_a_het_job(slurm_cluster: LocalSlurm, tmp_p
     assert sum("train/version" in row for row in rows) == total_steps
 
     logs = run_dir / "logs"
-    for index in range(3):
-        assert (
-            f"server {index} ready at http://127.0.0.1:" in (logs / f"rollout-server-{index}.log").read_text()
-        )
-        assert (logs / f"sglang-{index}.log").stat().st_size > 0
-    assert (logs / "controller.log").read_text().strip()
+    for index in range(3):  # each server's wrapper and SGLang logged to their own files
+        assert (logs / f"rollout-server-{index}.log").exists()
+        assert "sglang.launch_server" in (logs / f"sglang-{index}.log").read_text()
+    assert "eval final" in (logs / "controller.log").read_text()
     assert "final: " in (logs / "trainer-0.log").read_text()
     assert "trainer exited with 0" in (logs / f"sbatch-{job_id}.out").read_text()
     # nothing started by the job outlives it (SGLang forks a scheduler and a detokenizer)
