@@ -189,7 +189,7 @@ def start_backend(model_dir: Path | str, trainer, algo=None, dtype=None):
 
 def exported(backend) -> dict[str, np.ndarray]:
     """Every rank joins the export; senders return their HF-named tensors."""
-    return {name: t.float().numpy().copy() for name, t in backend.iter_weights()}
+    return {name: t.float().cpu().numpy().copy() for name, t in backend.iter_weights()}
 
 
 def hf_logits(model_dir: Path | str, batch) -> np.ndarray:

@@ -45,7 +45,7 @@ def layout_worker(rank: int, world: int, tp: int, pp: int, dp: int, models: dict
         backend = start_backend(path, trainer_config(tp, pp, dp))
         logits = backend.full_logits([s.input_ids for s in batch.samples])
         result = {
-            "logits": None if logits is None else logits.numpy(),
+            "logits": None if logits is None else logits.cpu().numpy(),
             "specs": [(s.name, s.dtype, s.shape) for s in backend.weight_specs()],
             "weights": exported(backend),
         }
