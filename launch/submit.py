@@ -100,6 +100,12 @@ def write_run_dir(prepared: PreparedJob) -> Path:
 
 def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
     """Write the run directory and submit (unless dry_run). Returns the job id."""
+    if (prepared.run_dir / "summary.json").exists():
+        # the job script reads summary.json as "this run is over"; a new run needs its own dir
+        raise ValueError(
+            f"{prepared.run_dir} holds a finished run (summary.json): choose another run.name=... "
+            "or move that directory away"
+        )
     resumes = (prepared.run_dir / "checkpoints").exists()
     script = write_run_dir(prepared)
     print(f"plan: {prepared.plan.describe()}")

@@ -63,6 +63,9 @@ def server(cfg: dict, run_dir: Path, index: int) -> None:
         entry = run_dir / "servers" / f"{index}.json"
         entry.write_text(json.dumps({"index": index, "host": host, "port": port}))
         print(f"server {index} listening on {host}:{port}", flush=True)
+        if (run_dir / "fake" / f"crash_server{index}").exists():  # a test's failure injection
+            time.sleep(1)
+            sys.exit(f"server {index}: injected crash")
         signal.sigwait({signal.SIGTERM})  # until the script stops the servers
     print(f"server {index} stopped", flush=True)
 

@@ -133,3 +133,17 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm, tmp_pa
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary == {"start_step": checkpoint_step, "final_step": total}
     assert slurm_cluster.leftover_job_processes() == []
+
+
+def test_a_dying_server_fails_the_job_instead_of_hanging(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "crash"
+    (run_dir / "fake").mkdir(parents=True)
+    (run_dir / "fake" / "crash_server1").touch()
+    job_id, _ = submit(slurm_cluster, tmp_path, "crash", "trainer.total_steps=100000")
+    states = slurm_cluster.wait_until_done(job_id, timeout_s=120)
+    assert states[0] == "FAILED", states
+    batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
+    assert "rollout servers exited while the trainer was running" in batch_log, batch_log
+    assert "injected crash" in (run_dir / "logs" / "rollout-server-1.log").read_text()
+    assert not (run_dir / "summary.json").exists()
+    assert slurm_cluster.leftover_job_processes() == []

@@ -86,6 +86,16 @@ def test_dry_run_writes_but_does_not_submit(tmp_path: Path) -> None:
     assert slurm.scripts == [] and (tmp_path / "tiny" / "job.sbatch").exists()
 
 
+def test_a_finished_run_dir_is_not_reused(tmp_path: Path) -> None:
+    slurm = RecordingSlurm()
+    prepared = prepare(local_slurm_job(tmp_path), cwd=str(tmp_path), python=sys.executable)
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="run.name="):
+        submit(prepared, slurm, dry_run=False)
+    assert slurm.scripts == [] and not (tmp_path / "tiny" / "job.sbatch").exists()
+
+
 def test_sweep_suffix_keeps_only_swept_keys() -> None:
     argv = ["-m", "experiment=math_qwen2_7b", "algo.max_staleness=0,4,8", "cluster.nodes=16"]
     task = ["experiment=math_qwen2_7b", "algo.max_staleness=4", "cluster.nodes=16"]
