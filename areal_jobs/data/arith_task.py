@@ -1,14 +1,16 @@
-"""The built-in task: multi-step arithmetic with a worked chain of thought.
+"""The built-in task: multi-step modular arithmetic with a worked chain of thought.
 
-A problem is a start value and k single-digit additions/subtractions; the answer walks through
-every step and ends with "The answer is N." Example (k = 3):
+A problem is a start digit and k single-digit additions/subtractions, all modulo 10. The worked
+answer takes one operation per step and rewrites what is left, so every step only needs the
+line before it. Example (k = 3):
 
-    prompt:   "Q: 12+7-3+8\nA:"
-    solution: " 12+7=19, 19-3=16, 16+8=24. The answer is 24."
+    prompt:   "Q: 7+3-9+2 (mod 10)\nA:"
+    solution: " 7+3=0, 0-9+2; 0-9=1, 1+2; 1+2=3. The answer is 3."
 
-The number of steps k is long-tailed (P(k) ~ k^-1.5 on 1..MAX_STEPS): most answers are short,
-a few are ~10x longer. That tail is what makes synchronous RL wait for stragglers. Problems are a
-pure function of (seed, index), so the prompt stream is reproducible and resumable.
+The number of steps k is long-tailed (P(k) ~ k^-1.5 on 1..MAX_STEPS) and an answer's length grows
+with k^2: most answers are short, a few are 10x longer. That tail is what makes synchronous RL
+wait for stragglers. Problems are a pure function of (seed, index), so the prompt stream is
+reproducible and resumable.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 from areal_jobs.api import RewardResult, RewardStatus
 
-MAX_STEPS = 24
+MAX_STEPS = 12
+MODULUS = 10
 _STEP_WEIGHTS = [k**-1.5 for k in range(1, MAX_STEPS + 1)]
 _ANSWER_RE = re.compile(r"The answer is (-?\d+)\.")
 EVAL_SEED_OFFSET = 1_000_003  # held-out problems come from a disjoint seed stream
@@ -37,20 +40,18 @@ def problem_at(seed: int, index: int) -> ArithProblem:
     """The `index`-th problem of the stream `seed`: deterministic, O(1) to reach any index."""
     rng = random.Random(seed * 1_000_000_007 + index)
     num_steps = rng.choices(range(1, MAX_STEPS + 1), weights=_STEP_WEIGHTS)[0]
-    value = rng.randint(0, 99)
-    expr, steps = str(value), []
-    for _ in range(num_steps):
-        operand = rng.randint(1, 9)
-        # keep the running value in 0..99 so every step is a two-digit fact
-        can_add, can_sub = value + operand <= 99, value - operand >= 0
-        add = can_add if not (can_add and can_sub) else rng.random() < 0.5
-        new = value + operand if add else value - operand
-        sign = "+" if add else "-"
-        expr += f"{sign}{operand}"
-        steps.append(f"{value}{sign}{operand}={new}")
+    start = value = rng.randint(0, MODULUS - 1)
+    ops = [(rng.choice("+-"), rng.randint(1, 9)) for _ in range(num_steps)]
+    tail = "".join(f"{sign}{operand}" for sign, operand in ops)
+    steps = []
+    for i, (sign, operand) in enumerate(ops):
+        new = (value + operand if sign == "+" else value - operand) % MODULUS
+        rest = "".join(f"{s}{o}" for s, o in ops[i + 1 :])
+        steps.append(f"{value}{sign}{operand}={new}" + (f", {new}{rest}" if rest else ""))
         value = new
-    solution = " " + ", ".join(steps) + f". The answer is {value}."
-    return ArithProblem(prompt=f"Q: {expr}\nA:", solution=solution, answer=value, num_steps=num_steps)
+    solution = " " + "; ".join(steps) + f". The answer is {value}."
+    prompt = f"Q: {start}{tail} (mod {MODULUS})\nA:"
+    return ArithProblem(prompt=prompt, solution=solution, answer=value, num_steps=num_steps)
 
 
 def eval_problem_at(seed: int, index: int) -> ArithProblem:

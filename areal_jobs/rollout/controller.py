@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -85,6 +86,8 @@ class RolloutController:
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._segments_in_flight = 0
+        # request ids stay unique on a server that outlives this controller (restart, resume)
+        self.run_nonce = uuid.uuid4().hex[:8]
 
     # ------------------------------------------------------------------ admission
 
@@ -193,7 +196,7 @@ class RolloutController:
                 continue
             sent_version = self.version
             request = GenerateRequest(
-                rid=f"{state.sample_id}.{segment}",
+                rid=f"{self.run_nonce}-{state.sample_id}.{segment}",
                 input_ids=prompt.input_ids + state.output_ids,
                 max_new_tokens=remaining,
                 temperature=self.rollout.temperature,
@@ -204,6 +207,8 @@ class RolloutController:
             try:
                 response = await slot.client.generate(request)
             except ServerCallError as exc:
+                if exc.is_client_error:
+                    raise  # our request was wrong: failing over would repeat it everywhere
                 self.counters.server_errors += 1
                 self.pool.mark_down(slot.index, str(exc))
                 continue  # re-sent (with its partial output) to another server

@@ -55,6 +55,7 @@ class ControllerService:
                 if msg is None:
                     continue
                 if isinstance(msg, m.TrainerHello):
+                    self.orch.forget_groups()  # a (re)started trainer holds no broadcast group
                     await self._send(m.ControllerHello(version=self.ctl.version, num_servers=len(self.ctl.pool.up_slots)))
                     await self._flush_outbox()
                 elif isinstance(msg, m.GroupsExpired):
@@ -80,7 +81,9 @@ class ControllerService:
         try:
             await self.orch.pause(lambda: ctl.segments_in_flight)
             init = not req.disk_path and self.orch.needs_group_init(req.senders)
-            await self._send(m.Paused(version=req.version, world_size=ctl.pool.group_world_size(), init_group=init))
+            generation = self.orch.next_generation() if init else self.orch.generation
+            world = ctl.pool.group_world_size()
+            await self._send(m.Paused(version=req.version, world_size=world, init_group=init, group_generation=generation))
             if req.disk_path:
                 await self.orch.load_from_disk(req.version, req.disk_path)
             else:

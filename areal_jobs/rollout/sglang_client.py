@@ -7,6 +7,7 @@ naming the server and the endpoint, so a stuck weight update says exactly where 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -20,10 +21,16 @@ logger = logging.getLogger(__name__)
 class ServerCallError(RuntimeError):
     """A call to a rollout server failed, timed out, or the server answered with an error."""
 
-    def __init__(self, server: str, endpoint: str, detail: str) -> None:
+    def __init__(self, server: str, endpoint: str, detail: str, status: int = 0) -> None:
         super().__init__(f"{endpoint} on server {server} failed: {detail}")
         self.server = server
         self.endpoint = endpoint
+        self.status = status  # HTTP status; 0 = no answer (connection refused, timeout)
+
+    @property
+    def is_client_error(self) -> bool:
+        """4xx: the request was wrong (a bug or a bad key), not the server: do not fail over."""
+        return 400 <= self.status < 500
 
 
 def parse_weight_version(raw: Any) -> int:
@@ -75,8 +82,8 @@ class SGLangClient:
             ) as resp:
                 text = await resp.text()
                 if resp.status != 200:
-                    raise ServerCallError(self.name, endpoint, f"HTTP {resp.status}: {text[:300]}")
-                return await resp.json(content_type=None) if text else None
+                    raise ServerCallError(self.name, endpoint, f"HTTP {resp.status}: {text[:300]}", resp.status)
+                return _json_or_text(text)
         except asyncio.TimeoutError:
             raise ServerCallError(self.name, endpoint, "timed out") from None
         except aiohttp.ClientError as exc:
@@ -169,6 +176,16 @@ class SGLangClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _json_or_text(text: str) -> Any:
+    """Most endpoints answer JSON; a few (flush_cache) answer plain text."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def _require_success(server: str, endpoint: str, result: Any) -> None:

@@ -48,6 +48,9 @@ class WeightUpdateOrchestrator:
         self.pause_mode = pause_mode
         self.step_timeout_s = step_timeout_s
         self._group_key: tuple | None = None  # (server indices, sender groups) the groups were built for
+        # a re-formed group gets a fresh name: torch refuses to register a name twice in a process
+        self.generation = 0
+        self._live_groups: list[str] = []
 
     async def pause(self, in_flight: Callable[[], int]) -> None:
         if self.pause_mode is PauseMode.drain:
@@ -66,17 +69,33 @@ class WeightUpdateOrchestrator:
         """Servers changed (one died or came back): groups must be re-formed on the next update."""
         self._group_key = None
 
+    def group_name(self, sender: WeightSender) -> str:
+        return f"{sender.group_name}-{self.generation}"
+
     async def init_groups(self, senders: tuple[WeightSender, ...], backend: str) -> None:
+        """Form one group per sender with every up server (the generation was bumped by `next_generation`)."""
+        for old in self._live_groups:  # best effort: a dead server's groups die with it
+            for slot in self.pool.up_slots:
+                try:
+                    await asyncio.wait_for(slot.client.destroy_weights_update_group(old), self.step_timeout_s)
+                except Exception as exc:  # noqa: BLE001 - stale groups only cost memory
+                    logger.warning("could not destroy old group %s on server %d: %s", old, slot.index, exc)
         offsets = self.pool.rank_offsets()
         world = self.pool.group_world_size()
         for sender in senders:
+            name = self.group_name(sender)
             await self._each_server(
-                f"forming broadcast group {sender.group_name}",
-                lambda s, snd=sender: s.client.init_weights_update_group(
-                    snd.master_address, snd.master_port, offsets[s.index], world, snd.group_name, backend
+                f"forming broadcast group {name}",
+                lambda s, snd=sender, nm=name: s.client.init_weights_update_group(
+                    snd.master_address, snd.master_port, offsets[s.index], world, nm, backend
                 ),
             )
+        self._live_groups = [self.group_name(s) for s in senders]
         self._group_key = self._key(senders)
+
+    def next_generation(self) -> int:
+        self.generation += 1
+        return self.generation
 
     async def receive(self, version: int, senders: tuple[WeightSender, ...]) -> None:
         """Every server receives every bucket, in the same global order (no cross-sender deadlock)."""
@@ -89,7 +108,7 @@ class WeightUpdateOrchestrator:
                     stage = f"weight broadcast bucket {bucket.index + 1}/{total} of sender {sender.group_name} to server {slot.index}"
                     await run_stage(
                         stage,
-                        slot.client.update_weights_from_distributed(bucket.tensors, sender.group_name, version),
+                        slot.client.update_weights_from_distributed(bucket.tensors, self.group_name(sender), version),
                         self.step_timeout_s,
                     )
 

@@ -21,15 +21,17 @@ def group_advantages(rewards: np.ndarray, kind: Advantage) -> np.ndarray:
     r = np.asarray(rewards, dtype=np.float64)
     if r.ndim != 1 or r.size == 0:
         raise ValueError(f"rewards must be a non-empty 1-D array, got shape {r.shape}")
+    if kind is Advantage.rloo and r.size < 2:
+        raise ValueError("RLOO needs at least 2 samples per group (algo.group_size>=2)")
+    if is_uniform(r):
+        # the mean of equal floats need not equal them (0.7 * 6 / 6 != 0.7): no signal is exactly 0
+        return np.zeros(r.size, dtype=np.float32)
     centred = r - r.mean()
     if kind is Advantage.grpo:
-        # population std, as GRPO does; identical rewards give 0/(0+eps) = 0 exactly
         adv = centred / (r.std() + _EPS)
     elif kind is Advantage.drgrpo:
         adv = centred
     elif kind is Advantage.rloo:
-        if r.size < 2:
-            raise ValueError("RLOO needs at least 2 samples per group (algo.group_size>=2)")
         adv = centred * r.size / (r.size - 1)
     else:  # pragma: no cover - Enum is exhaustive
         raise ValueError(f"unknown advantage {kind}")

@@ -22,11 +22,8 @@ stage's sender and the only rank that yields (its own layers, HF names and dtype
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import shutil
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -38,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
@@ -48,30 +45,19 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
-from areal_jobs.trainer import megatron_model
+from areal_jobs.trainer import megatron_model, megatron_weights
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.loss import LossStats, decoupled_ppo_loss
-from areal_jobs.trainer.megatron_convert import (
-    ModelDims,
-    ParamMap,
-    full_to_hf,
-    hf_shapes,
-    hf_to_megatron_shard,
-    merge_tp,
-    param_maps,
-)
+from areal_jobs.trainer.megatron_convert import ModelDims, ParamMap, param_maps
 from areal_jobs.trainer.packing import balanced_microbatches, pack
 
 logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {DType.float32: torch.float32, DType.bfloat16: torch.bfloat16}
-# model-space optimizer state: reloadable at another TP/PP/DP layout (dp_reshardable is DP-only)
-_OPTIM_CKPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 def init_distributed(trainer: TrainerConfig, *, timeout_s: float = 600.0) -> None:
@@ -169,65 +155,6 @@ class _MicroBatch:
         return int(self.input_ids.shape[1])
 
 
-class _SafetensorsReader:
-    """Lazy HF tensor reads by name over a (possibly sharded) safetensors checkpoint."""
-
-    def __init__(self, model_path: str) -> None:
-        root = Path(model_path)
-        index = root / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self._files = {name: root / f for name, f in weight_map.items()}
-        else:
-            self._files = {}
-            for path in sorted(root.glob("*.safetensors")):
-                with safe_open(str(path), "pt") as f:
-                    names = f.keys()  # a safe_open handle is not iterable
-                    self._files.update(dict.fromkeys(names, path))
-        if not self._files:
-            raise ValueError(
-                f"no safetensors weights in {model_path}: model.path must be an HF model directory"
-            )
-
-    def get(self, name: str) -> torch.Tensor:
-        if name not in self._files:
-            raise KeyError(f"{name} is not in the checkpoint")
-        with safe_open(str(self._files[name]), "pt") as f:
-            return f.get_tensor(name)
-
-
-@contextlib.contextmanager
-def _torch_adamw_state_load(optimizer) -> Iterator[None]:
-    """Two fixes for megatron-core 0.16.1 loading distributed-optimizer state into torch's AdamW
-    (used when neither TransformerEngine nor apex is installed), which keeps a "step" tensor in
-    every parameter's state:
-      - the `fully_reshardable` loader copies every per-parameter entry from the checkpoint,
-        which stores "step" per group instead: hide it during each copy;
-      - the step is restored as ONE tensor shared by every parameter, which AdamW then
-        increments once per parameter: give each parameter its own copy afterwards."""
-    optimizers = getattr(optimizer, "chained_optimizers", [optimizer])
-    for opt in optimizers:
-        copy_states = opt._set_main_param_and_optimizer_states
-
-        def without_step(model_param, tensors, opt=opt, copy_states=copy_states):
-            group_index, group_order = opt.model_param_group_index_map[model_param]
-            param_state = opt.optimizer.state[opt.optimizer.param_groups[group_index]["params"][group_order]]
-            step = param_state.pop("step", None)
-            copy_states(model_param, tensors)
-            if step is not None:
-                param_state["step"] = step
-
-        opt._set_main_param_and_optimizer_states = without_step
-    try:
-        yield
-    finally:
-        for opt in optimizers:
-            del opt._set_main_param_and_optimizer_states  # back to the class method
-            for param_state in opt.optimizer.state.values():
-                if "step" in param_state:
-                    param_state["step"] = param_state["step"].clone()
-
-
 class MegatronBackend:
     """`TrainBackend` on Megatron-Core. Construct anywhere (no I/O); `setup()` after
     `init_distributed`, on every rank."""
@@ -283,7 +210,16 @@ class MegatronBackend:
             use_te=self._use_te,
         )
         self._gpt = megatron_model.build_gpt(self.dims, config, use_te=self._use_te)
-        self._load_hf(_SafetensorsReader(self._model_path))
+        megatron_weights.load_hf_weights(
+            self._gpt,
+            self._model_path,
+            self.dims,
+            tp_size=cfg.tp_size,
+            tp_rank=self._tp_rank,
+            pp_size=cfg.pp_size,
+            pp_rank=self._pp_rank,
+            te_fused_norms=self._use_te,
+        )
         module = Float16Module(config, self._gpt) if self._dtype != torch.float32 else self._gpt
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -307,29 +243,6 @@ class MegatronBackend:
         # {} = one group, weight decay on every parameter, as the torch backend's AdamW does
         self._optimizer = get_megatron_optimizer(opt_config, [self._ddp], config_overrides={})
         self._pad_vocab_mask = self._padded_vocab_columns()
-
-    def _load_hf(self, reader: _SafetensorsReader) -> None:
-        shard = hf_to_megatron_shard(
-            reader.get,
-            self.dims,
-            tp_size=self._cfg.tp_size,
-            tp_rank=self._tp_rank,
-            pp_size=self._cfg.pp_size,
-            pp_rank=self._pp_rank,
-            te_fused_norms=self._use_te,
-        )
-        params = dict(self._gpt.named_parameters())
-        if set(params) != set(shard):
-            raise RuntimeError(
-                f"HF adapter and GPTModel disagree on parameters: {sorted(set(params) ^ set(shard))}"
-            )
-        with torch.no_grad():
-            for name, param in params.items():
-                if param.shape != shard[name].shape:
-                    raise RuntimeError(
-                        f"{name}: model shape {tuple(param.shape)}, adapter {tuple(shard[name].shape)}"
-                    )
-                param.copy_(shard[name])
 
     def _padded_vocab_columns(self) -> torch.Tensor | None:
         """bool [Vp/tp]: this TP rank's logit columns beyond the HF vocab (None if none)."""
@@ -541,112 +454,52 @@ class MegatronBackend:
     def _exported_maps(self) -> list[ParamMap]:
         return [pm for pm in self._maps if pm.exported]
 
-    def _dtype_name(self) -> str:
-        return str(self._dtype).removeprefix("torch.")
-
     def weight_specs(self) -> list[TensorSpec]:
         if self._dp_rank != 0 or self._tp_rank != 0:
             return []
-        dtype = self._dtype_name()
-        return [
-            TensorSpec(name=name, dtype=dtype, shape=shape)
-            for pm in self._exported_maps()
-            for name, shape in zip(pm.hf_names, hf_shapes(pm, self.dims), strict=True)
-        ]
+        return megatron_weights.hf_specs(self._exported_maps(), self.dims, self._dtype)
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Senders get a generator; the other TP ranks of DP rank 0 join the gathers eagerly."""
+        """Senders get a generator; the other TP ranks of DP rank 0 join the gathers eagerly
+        (their call returns once the sender has iterated everything)."""
         if self._dp_rank != 0:
             return iter(())
+        tensors = megatron_weights.gathered_hf_tensors(
+            self._gpt, self._exported_maps(), self.dims, self._dtype, self._cfg.tp_size, self._tp_rank
+        )
         if self._tp_rank == 0:
-            return self._gathered_weights()
-        for _ in self._gathered_weights():
+            return tensors
+        for _ in tensors:
             pass
         return iter(())
 
-    def _gathered_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        params = dict(self._gpt.named_parameters())
-        group = parallel_state.get_tensor_model_parallel_group()
-        for pm in self._exported_maps():
-            local = params[pm.megatron_name].detach()
-            if self._cfg.tp_size > 1:
-                shards = [torch.empty_like(local) for _ in range(self._cfg.tp_size)]
-                dist.all_gather(shards, local.contiguous(), group=group)
-                full = merge_tp(pm, shards)
-            else:
-                full = local
-            if self._tp_rank == 0:
-                for name, tensor in zip(pm.hf_names, full_to_hf(pm, full, self.dims), strict=True):
-                    yield name, tensor.to(self._dtype)
-
     def save_hf(self, path: str) -> None:
-        """HF directory: each stage's sender writes its own safetensors shard; rank 0 writes
-        config, tokenizer files and the index."""
+        """HF directory: each stage's sender writes its own safetensors shard, rank 0 the config,
+        tokenizer files and the shard index. Collective."""
         out = Path(path)
-        pp = self._cfg.pp_size
-        shard_name = f"model-{self._pp_rank + 1:05d}-of-{pp:05d}.safetensors"
         if dist.get_rank() == 0:
             out.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         tensors = {name: t.cpu().contiguous() for name, t in self.iter_weights()}
         if tensors:
-            save_file(tensors, str(out / shard_name), metadata={"format": "pt"})
+            shard = megatron_weights.hf_shard_name(self._pp_rank, self._cfg.pp_size)
+            save_file(tensors, str(out / shard), metadata={"format": "pt"})
         if dist.get_rank() == 0:
-            self._write_hf_metadata(out)
+            megatron_weights.write_hf_metadata(
+                out,
+                self._model_path,
+                self.dims,
+                self._dtype,
+                pp_size=self._cfg.pp_size,
+                te_fused_norms=self._use_te,
+            )
         dist.barrier()
-
-    def _write_hf_metadata(self, out: Path) -> None:
-        src = Path(self._model_path)
-        for f in src.iterdir():
-            if (
-                f.is_file()
-                and not f.name.endswith(".safetensors")
-                and f.name != "model.safetensors.index.json"
-            ):
-                shutil.copy2(f, out / f.name)
-        cfg = json.loads((src / "config.json").read_text())
-        for key in ("torch_dtype", "dtype"):
-            if key in cfg:
-                cfg[key] = self._dtype_name()
-        (out / "config.json").write_text(json.dumps(cfg, indent=2))
-        pp = self._cfg.pp_size
-        weight_map = {
-            name: f"model-{stage + 1:05d}-of-{pp:05d}.safetensors"
-            for stage in range(pp)
-            for pm in param_maps(self.dims, pp_size=pp, pp_rank=stage, te_fused_norms=self._use_te)
-            if pm.exported
-            for name in pm.hf_names
-        }
-        (out / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2)
-        )
 
     # ------------------------------------------------------------------------------ checkpoints
 
-    def _checkpoint_state(self, *, is_loading: bool) -> dict:
-        model_sd = self._gpt.sharded_state_dict()
-        optim_sd = self._optimizer.sharded_state_dict(
-            model_sd, is_loading=is_loading, metadata=_OPTIM_CKPT_META
-        )
-        return {"model": model_sd, "optimizer": optim_sd}
-
     def save_checkpoint(self, path: str) -> None:
-        """Megatron dist checkpoint (torch_dist) of model + distributed optimizer; any layout loads it."""
-        if dist.get_rank() == 0:
-            Path(path).mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        dist_checkpointing.save(self._checkpoint_state(is_loading=False), path)
-        dist.barrier()
+        """Megatron dist checkpoint of model + distributed optimizer; any TP/PP/DP layout loads it."""
+        megatron_weights.save_dist_checkpoint(self._gpt, self._optimizer, path)
 
     def load_checkpoint(self, path: str) -> None:
-        # A torch AdamW that never stepped has no state ("step" included), which the distributed
-        # optimizer's state_dict needs: one zero-gradient step creates it; the load overwrites
-        # everything that step touched (moments, step count, parameters).
-        for opt in getattr(self._optimizer, "chained_optimizers", [self._optimizer]):
-            if not opt.optimizer.state:
-                opt._init_optimizer_states_with_dummy_values()
-        state = dist_checkpointing.load(self._checkpoint_state(is_loading=True), path)
-        self._gpt.load_state_dict(state["model"])
-        # the fp32 distributed optimizer's main params are views of the model params (leaves)
-        with torch.no_grad(), _torch_adamw_state_load(self._optimizer):
-            self._optimizer.load_state_dict(state["optimizer"])
+        megatron_weights.load_dist_checkpoint(self._gpt, self._optimizer, path)

@@ -106,6 +106,7 @@ class Paused:
     version: int
     world_size: int  # per sender group: 1 (the sender) + every server rank
     init_group: bool  # True: the groups must be (re)created before the broadcast
+    group_generation: int  # groups are named "<sender.group_name>-<generation>"; new on every (re)creation
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,10 +33,15 @@ def resolve_backend(name: str) -> str:
 
 
 class WeightBroadcastGroup:
-    """One sender's process group. Construct, then `init(world_size)`, then `send_bucket`s."""
+    """One sender's process group. Construct, then `init(world_size, name)`, then `send_bucket`s.
 
-    def __init__(self, group_name: str, master_address: str, master_port: int, backend: str, timeout_s: float):
-        self.group_name = group_name
+    The controller names every (re)formation "<base_name>-<generation>": torch cannot register a
+    group name twice in one process, and servers keep old groups until told to destroy them.
+    """
+
+    def __init__(self, base_name: str, master_address: str, master_port: int, backend: str, timeout_s: float):
+        self.base_name = base_name
+        self.group_name = ""
         self.master_address = master_address
         self.master_port = master_port
         self.backend = resolve_backend(backend)
@@ -48,11 +53,18 @@ class WeightBroadcastGroup:
     def ready(self) -> bool:
         return self._group is not None
 
-    def init(self, world_size: int) -> None:
+    def init(self, world_size: int, generation: int) -> None:
         """Host the rendezvous and wait until every server rank joined (bounded by timeout_s)."""
-        from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, rendezvous
+        from torch.distributed.distributed_c10d import (
+            Backend,
+            PrefixStore,
+            _new_process_group_helper,
+            _world,
+            rendezvous,
+        )
 
         self.destroy()
+        self.group_name = f"{self.base_name}-{generation}"
         timeout = timedelta(seconds=self.timeout_s)
         t0 = time.monotonic()
         try:
@@ -64,6 +76,8 @@ class WeightBroadcastGroup:
             self._group, _ = _new_process_group_helper(
                 size, rank, [], Backend(self.backend), store, group_name=self.group_name, timeout=timeout
             )
+            # as SGLang does on its side: register the ranks so the group can be destroyed cleanly
+            _world.pg_group_ranks[self._group] = {i: i for i in range(size)}
         except (RuntimeError, dist.DistBackendError) as exc:
             raise BroadcastTimeout(
                 f"forming weight broadcast group {self.group_name!r} ({world_size} ranks at "
@@ -84,7 +98,8 @@ class WeightBroadcastGroup:
         flat = torch.cat(parts)
         if self.backend == "nccl":
             flat = flat.cuda()
-        work = dist.broadcast(flat, src=0, group=self._group, async_op=True)
+        # group_src: the sender is rank 0 of this group whatever its rank in the trainer's own world
+        work = dist.broadcast(flat, group=self._group, group_src=0, async_op=True)
         try:
             if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
                 raise BroadcastTimeout(f"{stage}: not acknowledged within {self.timeout_s:.0f}s")

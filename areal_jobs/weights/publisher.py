@@ -36,7 +36,7 @@ class WeightPublisher:
         t0 = time.monotonic()
         specs = backend.weight_specs()
         buckets = tuple(plan_buckets(specs, self.cfg.bucket_bytes))
-        sender = WeightSender(self.group.group_name, self.group.master_address, self.group.master_port, buckets)
+        sender = WeightSender(self.group.base_name, self.group.master_address, self.group.master_port, buckets)
         disk_path = ""
         if self.cfg.method is WeightSync.disk:
             disk_path = str(self.disk_dir / f"v{version}")
@@ -48,8 +48,10 @@ class WeightPublisher:
         t_paused = time.monotonic()
         sent_bytes = 0.0
         if not disk_path:
-            if paused.init_group or not self.group.ready:
-                self.group.init(paused.world_size)
+            if paused.init_group:
+                self.group.init(paused.world_size, paused.group_generation)
+            elif not self.group.ready:
+                raise RuntimeError("the controller reused a broadcast group this trainer never formed")
             weights = dict(backend.iter_weights())
             for bucket in buckets:
                 stage = f"weight broadcast bucket {bucket.index + 1}/{len(buckets)} (version {version})"

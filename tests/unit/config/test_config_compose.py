@@ -1,0 +1,60 @@
+"""Hydra composition of conf/ over the ConfigStore schema: defaults, overrides, and clear errors."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from areal_jobs.config import Advantage, JobConfig, PauseMode, TrainerBackend, register_configs, to_job_config
+
+CONF = str(Path(__file__).resolve().parents[3] / "conf")
+
+
+def job(*overrides: str) -> JobConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return to_job_config(compose("config", overrides=list(overrides)))
+
+
+def test_default_is_the_builtin_tiny_experiment_on_this_machine():
+    cfg = job()
+    assert cfg.model.path == "" and cfg.data.dataset.value == "arith"
+    assert cfg.cluster.kind.value == "local" and cfg.trainer.backend is TrainerBackend.torch
+    assert cfg.algo.advantage is Advantage.grpo and cfg.algo.max_staleness == 4
+
+
+def test_shell_overrides_and_groups():
+    cfg = job("algo.max_staleness=0", "algo=rloo", "rollout.pause_mode=in_place", "trainer.total_steps=7")
+    assert cfg.algo.max_staleness == 0 and cfg.algo.advantage is Advantage.rloo
+    assert cfg.rollout.pause_mode is PauseMode.in_place and cfg.trainer.total_steps == 7
+
+
+@pytest.mark.parametrize(
+    "override, error",
+    [
+        ("algo.max_stalenes=4", ConfigCompositionException),  # misspelled key
+        ("algo.max_staleness=lots", ConfigCompositionException),  # wrong type
+        ("rollout.pause_mode=rdma", ConfigCompositionException),  # not an Enum member
+        ("trainer=jax", ConfigCompositionException),  # no such group option
+    ],
+)
+def test_bad_overrides_are_rejected(override, error):
+    with pytest.raises((error, ValidationError)):
+        job(override)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("algo.max_staleness=-1", "algo.max_staleness"),
+        ("algo.group_size=1", "algo.group_size"),
+        ("trainer.tp_size=2", "trainer=megatron"),
+        ("data.dataset=gsm8k", "data.train_path"),
+        ("rollout.backend=vllm", "rollout.backend=sglang"),
+    ],
+)
+def test_cross_field_errors_name_the_override(override, fragment):
+    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+        job(override)

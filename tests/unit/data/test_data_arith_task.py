@@ -1,0 +1,40 @@
+"""The built-in task: determinism, worked solutions that verify, and the long tail of lengths."""
+
+import statistics
+
+import pytest
+
+from areal_jobs.api import RewardStatus
+from areal_jobs.data import arith_task
+
+
+def test_problems_are_a_pure_function_of_seed_and_index():
+    assert arith_task.problem_at(3, 17) == arith_task.problem_at(3, 17)
+    assert arith_task.problem_at(3, 17) != arith_task.problem_at(3, 18)
+    assert arith_task.eval_problem_at(3, 0) != arith_task.problem_at(3, 0)
+
+
+@pytest.mark.parametrize("index", range(200))
+def test_worked_solution_is_correct_and_consistent(index):
+    p = arith_task.problem_at(1, index)
+    # recompute the answer from the prompt text alone
+    expr = p.prompt.removeprefix("Q: ").split(" (mod")[0]
+    value, i = int(expr[0]), 1
+    while i < len(expr):
+        value = (value + int(expr[i + 1]) if expr[i] == "+" else value - int(expr[i + 1])) % arith_task.MODULUS
+        i += 2
+    assert value == p.answer
+    assert p.solution.count("=") == p.num_steps
+    assert arith_task.reward(p.solution, str(p.answer)).reward == 1.0
+
+
+def test_reward_and_parse_errors():
+    assert arith_task.reward(" 1+1=2. The answer is 2.", "3").reward == 0.0
+    result = arith_task.reward("I don't know", "3")
+    assert result.reward == 0.0 and result.status is RewardStatus.parse_error
+    assert arith_task.extract_answer("The answer is 7. The answer is 8.") == 7
+
+
+def test_answer_lengths_are_long_tailed():
+    lengths = [len(arith_task.problem_at(1, i).solution) for i in range(4000)]
+    assert max(lengths) >= 5 * statistics.median(lengths)

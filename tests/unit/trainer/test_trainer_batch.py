@@ -1,0 +1,56 @@
+"""Batch assembly: freshness split, advantages per group, per-token staleness."""
+
+import numpy as np
+import pytest
+
+from areal_jobs.config import Advantage, AlgoConfig
+from areal_jobs.trainer.batch import assemble, split_fresh
+from areal_jobs.transport import messages as m
+
+
+def group(gid, versions_per_sample, rewards):
+    samples = tuple(
+        m.SampleTrajectory(
+            sample_id=f"{gid}/{i}",
+            output_ids=np.arange(len(v), dtype=np.int32) + 10,
+            logprobs=np.full(len(v), -1.0, dtype=np.float32),
+            versions=np.asarray(v, dtype=np.int32),
+            reward=r,
+            reward_status="ok",
+            finish_reason="stop",
+            num_interruptions=0,
+        )
+        for i, (v, r) in enumerate(zip(versions_per_sample, rewards))
+    )
+    return m.TrajectoryGroup(gid, int(gid[1:]), np.array([1, 2], dtype=np.int32), samples)
+
+
+def test_split_fresh_uses_the_oldest_token():
+    g_ok = group("g1", [[5, 6], [6]], [1.0, 0.0])
+    g_old = group("g2", [[6, 6], [2, 6]], [1.0, 0.0])
+    fresh, expired = split_fresh([g_ok, g_old], trainer_version=6, max_staleness=2)
+    assert [g.group_id for g in fresh] == ["g1"] and [g.group_id for g in expired] == ["g2"]
+
+
+def test_assemble_builds_prompt_plus_output_and_advantages():
+    algo = AlgoConfig(batch_size=2, group_size=2, max_staleness=4, advantage=Advantage.drgrpo)
+    batch = assemble([group("g1", [[3, 3, 4], [4]], [1.0, 0.0])], trainer_version=5, algo=algo)
+    assert batch.group_ids == ["g1"]
+    s0, s1 = batch.samples
+    assert s0.input_ids.tolist() == [1, 2, 10, 11, 12] and s0.num_prompt_tokens == 2
+    assert s0.advantage == pytest.approx(0.5) and s1.advantage == pytest.approx(-0.5)
+    assert batch.num_output_tokens == 4
+    assert batch.staleness().tolist() == [2, 2, 1, 1]
+
+
+def test_uniform_groups_filtered_when_asked():
+    algo = AlgoConfig(batch_size=2, group_size=2, filter_uniform_groups=True)
+    batch = assemble([group("g1", [[1], [1]], [1.0, 1.0]), group("g2", [[1], [1]], [0.0, 1.0])], 1, algo)
+    assert batch.filtered_group_ids == ["g1"]
+    assert [s.sample_id for s in batch.samples] == ["g2/0", "g2/1"]
+
+
+def test_stale_group_is_an_invariant_violation():
+    algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=0)
+    with pytest.raises(AssertionError):
+        assemble([group("g1", [[1], [2]], [1.0, 0.0])], trainer_version=2, algo=algo)
