@@ -29,7 +29,7 @@ from areal_jobs.config import DType, ModelConfig, RolloutConfig, load_job_config
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout import discovery
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("areal_jobs.rollout.server")  # not __name__: "__main__" under -m
 
 CPU_STUBS_DIR = Path(__file__).resolve().parent / "cpu_stubs"
 
@@ -165,9 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         seed=cfg.trainer.seed + args.index,
     )  # fmt: skip
 
+    received: list[int] = []
+
     def forward(signum, _frame):
-        server.stop()
-        raise SystemExit(128 + signum)
+        # only signal here: waiting inside a handler would deadlock with the main thread's wait()
+        received.append(signum)
+        try:
+            os.killpg(server.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -175,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         server.wait_healthy(cfg.rollout.server_start_timeout_s)
         discovery.register_server(run_dir, args.index, host, port)
         logger.info("server %d ready at %s", args.index, server.url)
-        return server.process.wait()
+        code = server.process.wait()
+        return 128 + received[0] if received else code
     finally:
         discovery.unregister_server(run_dir, args.index)
         server.stop()
