@@ -77,8 +77,8 @@ def sender_worker(rank: int, world: int, model_dir: str, exchange: str, ports: l
     buckets = plan_buckets(specs, BUCKET_BYTES)
     group = WeightBroadcastGroup(f"megatron-stage{stage}", "127.0.0.1", ports[stage], "gloo", timeout_s=120.0)
     plan = [[[t.name, t.dtype, list(t.shape)] for t in b.tensors] for b in buckets]
-    Path(exchange, f"stage{stage}.json").write_text(json.dumps({"group": group.group_name, "buckets": plan}))
-    group.init(world_size=2)  # this sender + the server's one rank; waits for the server to join
+    Path(exchange, f"stage{stage}.json").write_text(json.dumps({"group": group.base_name, "buckets": plan}))
+    group.init(world_size=2, generation=0)  # this sender + the server's rank; waits for the server
     weights = dict(backend.iter_weights())
     for b in buckets:
         group.send_bucket(b, [weights[t.name] for t in b.tensors], f"stage {stage} bucket {b.index}")
