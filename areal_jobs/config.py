@@ -156,6 +156,7 @@ class RolloutConfig:
     call_timeout_s: float = 60.0  # control calls: pause, continue, health, weight-update steps
     server_start_timeout_s: float = 300.0
     health_interval_s: float = 5.0
+    max_server_restarts: int = 3  # local mode: a server that dies is restarted this often per run
     max_total_tokens: int = 32768  # server KV-cache capacity in tokens (CPU mode)
     server_threads: int = 1  # torch threads per server process (CPU mode)
     base_port: int = 0  # server i listens on base_port + i; 0 = any free port (local mode)

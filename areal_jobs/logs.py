@@ -29,4 +29,8 @@ def setup_logging(role: str, default_level: str = "INFO") -> logging.Logger:
         other.handlers[:] = [handler]
         other.setLevel(level)
         other.propagate = False
+    # Hydra's logging config (disable_existing_loggers) silences loggers created at import time
+    for name, existing in logging.root.manager.loggerDict.items():
+        if isinstance(existing, logging.Logger) and name.split(".")[0] in ("areal_jobs", "launch"):
+            existing.disabled = False
     return root

@@ -1,13 +1,18 @@
 """Run the whole job on this machine: `make run` (python -m launch.local [KEY=VALUE ...]).
 
 Builds the built-in tiny model if needed, writes RUN_DIR/config.yaml, starts the SGLang
-server(s), the rollout controller and the trainer as separate processes (logs in RUN_DIR/logs/),
-shows a progress bar from RUN_DIR/metrics.jsonl, and prints the final line from summary.json.
-If any process fails, the others are stopped (by PID) and the failing log is named.
+server(s), the rollout controller and the trainer as separate processes (logs in RUN_DIR/logs/,
+PIDs in RUN_DIR/pids.json), shows a progress bar from RUN_DIR/metrics.jsonl, and prints the
+final line from summary.json.
+
+Faults: a rollout server that dies is restarted (rollout.max_server_restarts) and rejoins with
+the current weights. If the trainer or controller fails, everything is stopped (by PID), the
+failing log is named, and running the same command again resumes from the last checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -36,15 +41,21 @@ class Role:
     name: str
     process: subprocess.Popen
     log: Path
+    restarts: int = 0
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """A finished run under the same name is moved aside (never deleted), so nothing is lost."""
-    if (run_dir / "summary.json").exists():
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime((run_dir / "summary.json").stat().st_mtime))
+def prepare_run_dir(run_dir: Path, resume: bool) -> bool:
+    """Returns True when resuming. A finished run (or any run, with checkpoint.resume=false) under
+    the same name is moved aside, never deleted, so nothing is lost."""
+    from areal_jobs.trainer.checkpoint import latest_checkpoint
+
+    finished = (run_dir / "summary.json").exists()
+    if run_dir.exists() and any(run_dir.iterdir()) and (finished or not resume):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
         target = run_dir.with_name(f"{run_dir.name}.{stamp}")
         run_dir.rename(target)
-        logger.info("previous finished run moved to %s", target)
+        logger.info("previous run moved to %s", target)
+    resuming = resume and run_dir.exists() and latest_checkpoint(run_dir) is not None
     for stale in ("servers", "controller.json"):  # registrations of processes that no longer exist
         path = run_dir / stale
         if path.is_dir():
@@ -53,6 +64,7 @@ def prepare_run_dir(run_dir: Path) -> None:
         else:
             path.unlink(missing_ok=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    return resuming
 
 
 def ensure_model(cfg: JobConfig) -> None:
@@ -97,7 +109,8 @@ def launch(cfg: JobConfig) -> int:
         raise SystemExit("launch.local runs cluster=local only; submit cluster jobs with `make submit`")
     t0 = time.time()
     run_dir = cfg.run.dir.resolve()
-    prepare_run_dir(run_dir)
+    if prepare_run_dir(run_dir, cfg.checkpoint.resume):
+        logger.info("resuming %s from its last checkpoint", run_dir)
     ensure_model(cfg)
     config_path = run_dir / "config.yaml"
     save_job_config(cfg, config_path)
@@ -105,59 +118,86 @@ def launch(cfg: JobConfig) -> int:
     env.setdefault("AREAL_BIND_HOST", "127.0.0.1")
     env.setdefault("OMP_NUM_THREADS", str(cfg.trainer.threads))
     logs = run_dir / "logs"
-    roles = [
-        start_role(f"server{i}", "areal_jobs.rollout.server", config_path, env, logs / f"server-{i}.log", "--index", str(i))
-        for i in range(cfg.rollout.num_servers)
-    ]
-    roles.append(start_role("controller", "areal_jobs.rollout.main", config_path, env, logs / "controller.log"))
-    roles.append(start_role("trainer", "areal_jobs.trainer.main", config_path, env, logs / "trainer.log"))
-    trainer, controller = roles[-1], roles[-2]
+
+    def start_server(i: int) -> Role:
+        return start_role(f"server{i}", "areal_jobs.rollout.server", config_path, env, logs / f"server-{i}.log", "--index", str(i))
+
+    servers = [start_server(i) for i in range(cfg.rollout.num_servers)]
+    controller = start_role("controller", "areal_jobs.rollout.main", config_path, env, logs / "controller.log")
+    trainer = start_role("trainer", "areal_jobs.trainer.main", config_path, env, logs / "trainer.log")
+    roles = [*servers, controller, trainer]
     try:
-        failed = _watch(roles, trainer, controller, run_dir, cfg.trainer.total_steps)
+        failed = _watch(roles, servers, start_server, cfg.rollout.max_server_restarts, run_dir, cfg.trainer.total_steps)
     except KeyboardInterrupt:
         failed = "interrupted"
     finally:
         stop_roles(roles)
     if failed:
-        logger.error("run failed: %s", failed)
+        logger.error("run failed: %s. Run the same command again to resume from the last checkpoint.", failed)
         return 1
-    import json
-
+    if not (run_dir / "summary.json").exists():
+        logger.warning("the trainer checkpointed and stopped (preempted); run the same command again to resume")
+        return 3
     summary = json.loads((run_dir / "summary.json").read_text())
     print(final_line(summary), flush=True)
     print(f"run directory: {run_dir} (summary.json, metrics.jsonl, reward_accuracy.png, final_hf/, logs/)")
     return 0
 
 
-def _watch(roles: list[Role], trainer: Role, controller: Role, run_dir: Path, total_steps: int) -> str | None:
-    """Progress bar until the trainer exits; returns why the run failed, or None."""
+def _watch(roles: list[Role], servers: list[Role], restart, max_restarts: int, run_dir: Path, total_steps: int) -> str | None:
+    """Progress bar until the trainer exits; restarts dead servers; returns why the run failed."""
     from tqdm import tqdm
 
-    bar = tqdm(total=total_steps, desc="RL", unit="step", dynamic_ncols=True)
-    seen, postfix = 0, {}
+    controller, trainer = roles[-2], roles[-1]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    done = sum(1 for r in rows if "train/version" in r)
+    bar = tqdm(total=total_steps, initial=done, desc="RL", unit="step", dynamic_ncols=True, mininterval=2.0)
+    seen, postfix = len(rows), {}
+    _write_pids(run_dir, roles)
     try:
         while True:
-            for role in roles:
+            if trainer.process.poll() == 0:
+                try:
+                    code = controller.process.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    return f"the controller did not exit within 120s after the trainer; see {controller.log}"
+                return None if code == 0 else f"controller exited with code {code}; see {controller.log}"
+            for role in (trainer, controller):
                 code = role.process.poll()
-                if code is not None and (code != 0 or role not in (trainer, controller)):
-                    if role is trainer and code == 0:
-                        continue
+                if code is not None and not (role is controller and code == 0):
                     return f"{role.name} exited with code {code}; see {role.log}"
+            if controller.process.poll() == 0:  # it leaves first after Stop: give the trainer time to finish
+                try:
+                    code = trainer.process.wait(timeout=600)
+                except subprocess.TimeoutExpired:
+                    return f"the trainer did not finish within 600s after the controller stopped; see {trainer.log}"
+                return None if code == 0 else f"trainer exited with code {code}; see {trainer.log}"
+            for i, server in enumerate(servers):
+                code = server.process.poll()
+                if code is None:
+                    continue
+                if server.restarts >= max_restarts:
+                    return f"{server.name} died {server.restarts + 1} times (last code {code}); see {server.log}"
+                logger.warning("%s exited with code %s; restarting it (%d/%d)", server.name, code, server.restarts + 1, max_restarts)
+                fresh = restart(i)
+                fresh.restarts = server.restarts + 1
+                servers[i] = roles[roles.index(server)] = fresh
+                _write_pids(run_dir, roles)
             rows = read_jsonl(run_dir / "metrics.jsonl")
             for row in rows[seen:]:
                 postfix.update(_postfix(row))
                 if "train/version" in row:
                     bar.update(1)
+            if len(rows) > seen:
+                bar.set_postfix(postfix)
             seen = len(rows)
-            if postfix:
-                bar.set_postfix(postfix, refresh=False)
-            bar.refresh()
-            if trainer.process.poll() == 0:
-                controller.process.wait(timeout=60)
-                return None
             time.sleep(_POLL_S)
     finally:
         bar.close()
+
+
+def _write_pids(run_dir: Path, roles: list[Role]) -> None:
+    (run_dir / "pids.json").write_text(json.dumps({r.name: r.process.pid for r in roles}))
 
 
 def _postfix(row: dict) -> dict[str, str]:

@@ -1,28 +1,29 @@
 """The built-in task: multi-step modular arithmetic with a worked chain of thought.
 
-A problem is a start digit and k single-digit additions/subtractions, all modulo 10. The worked
-answer takes one operation per step and rewrites what is left, so every step only needs the
-line before it. Example (k = 3):
+A problem names a start digit and k single-digit additions/subtractions, all modulo 10, each
+step labelled by a letter. The worked answer takes the steps in order, so each step only needs
+the previous result and the labelled operation. Example (k = 3):
 
-    prompt:   "Q: 7+3-9+2 (mod 10)\nA:"
-    solution: " 7+3=0, 0-9+2; 0-9=1, 1+2; 1+2=3. The answer is 3."
+    prompt:   "Q: start 7; a +3; b -9; c +2. (mod 10)\nA:"
+    solution: " 7; a: 7+3=0; b: 0-9=1; c: 1+2=3. The answer is 3."
 
-The number of steps k is long-tailed (P(k) ~ k^-1.5 on 1..MAX_STEPS) and an answer's length grows
-with k^2: most answers are short, a few are 10x longer. That tail is what makes synchronous RL
-wait for stragglers. Problems are a pure function of (seed, index), so the prompt stream is
-reproducible and resumable.
+The number of steps k is long-tailed (P(k) ~ k^-1.5 on 1..MAX_STEPS): most answers are short,
+a few are 6x longer or more. That tail is what makes synchronous RL wait for stragglers.
+Problems are a pure function of (seed, index), so the prompt stream is reproducible and resumable.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import string
 from dataclasses import dataclass
 
 from areal_jobs.api import RewardResult, RewardStatus
 
-MAX_STEPS = 12
+MAX_STEPS = 20
 MODULUS = 10
+_LABELS = string.ascii_lowercase[:MAX_STEPS]
 _STEP_WEIGHTS = [k**-1.5 for k in range(1, MAX_STEPS + 1)]
 _ANSWER_RE = re.compile(r"The answer is (-?\d+)\.")
 EVAL_SEED_OFFSET = 1_000_003  # held-out problems come from a disjoint seed stream
@@ -42,15 +43,14 @@ def problem_at(seed: int, index: int) -> ArithProblem:
     num_steps = rng.choices(range(1, MAX_STEPS + 1), weights=_STEP_WEIGHTS)[0]
     start = value = rng.randint(0, MODULUS - 1)
     ops = [(rng.choice("+-"), rng.randint(1, 9)) for _ in range(num_steps)]
-    tail = "".join(f"{sign}{operand}" for sign, operand in ops)
     steps = []
-    for i, (sign, operand) in enumerate(ops):
+    for label, (sign, operand) in zip(_LABELS, ops):
         new = (value + operand if sign == "+" else value - operand) % MODULUS
-        rest = "".join(f"{s}{o}" for s, o in ops[i + 1 :])
-        steps.append(f"{value}{sign}{operand}={new}" + (f", {new}{rest}" if rest else ""))
+        steps.append(f"{label}: {value}{sign}{operand}={new}")
         value = new
-    solution = " " + "; ".join(steps) + f". The answer is {value}."
-    prompt = f"Q: {start}{tail} (mod {MODULUS})\nA:"
+    listed = "; ".join(f"{label} {sign}{operand}" for label, (sign, operand) in zip(_LABELS, ops))
+    prompt = f"Q: start {start}; {listed}. (mod {MODULUS})\nA:"
+    solution = f" {start}; " + "; ".join(steps) + f". The answer is {value}."
     return ArithProblem(prompt=prompt, solution=solution, answer=value, num_steps=num_steps)
 
 

@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -25,24 +25,14 @@ from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
 from areal_jobs.rollout.server_pool import NoServerAvailable, ServerPool
 from areal_jobs.rollout.sglang_client import ServerCallError
+from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
+from areal_jobs.rollout.snapshot import PartialSample as SampleState
 from areal_jobs.rollout.staleness import StalenessManager
 from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)
 
 _MAX_SEGMENTS = 10_000  # a sample is re-sent at most this often (every update interrupts it once)
-
-
-@dataclass
-class SampleState:
-    """A sample in progress: what was generated so far survives interruptions (and checkpoints)."""
-
-    sample_id: str
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    interruptions: int = 0
-    finish_reason: str = ""
 
 
 @dataclass
@@ -80,12 +70,13 @@ class RolloutController:
         self.running = asyncio.Event()  # set: samples may send requests; cleared during updates
         self.running.set()
         self.requeued: deque[tuple[int, int]] = deque()  # (data index, attempt): expired groups to redo
-        self.samples: dict[str, SampleState] = {}  # in progress, by sample id
+        self.in_progress: dict[str, PartialGroup] = {}  # admitted groups not yet pushed, by group id
         self.unacked: dict[str, m.TrajectoryGroup] = {}  # pushed, not yet reported trained
         self._tasks: set[asyncio.Task] = set()
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._segments_in_flight = 0
+        self.fatal: BaseException | None = None  # a group task's unexpected error ends the run
         # request ids stay unique on a server that outlives this controller (restart, resume)
         self.run_nonce = uuid.uuid4().hex[:8]
 
@@ -101,9 +92,7 @@ class RolloutController:
                     prompt = self.stream.at(index)
                 else:
                     prompt, attempt = self.stream.next(), 0
-                task = asyncio.create_task(self._run_group(prompt, attempt), name=f"group-{prompt.data_index}")
-                self._tasks.add(task)
-                task.add_done_callback(self._task_done)
+                self._start_group(prompt, attempt)
                 continue
             self._wakeup.clear()
             try:
@@ -111,13 +100,20 @@ class RolloutController:
             except asyncio.TimeoutError:
                 pass
 
+    def _start_group(self, prompt: Prompt, attempt: int, states: list[SampleState] | None = None) -> None:
+        """Register the group as in progress (synchronously: snapshots must see it) and run it."""
+        group_id = f"g{prompt.data_index}" + (f"r{attempt}" if attempt else "")
+        states = states or [SampleState(f"{group_id}/{i}") for i in range(self.algo.group_size)]
+        self.in_progress[group_id] = PartialGroup(prompt.data_index, attempt, states)
+        task = asyncio.create_task(self._run_group(prompt, group_id, states), name=f"group-{prompt.data_index}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("group task %s failed: %r", task.get_name(), task.exception())
             self.fatal = task.exception()
-
-    fatal: BaseException | None = None
 
     def on_version(self, version: int) -> None:
         self.version = version
@@ -141,11 +137,10 @@ class RolloutController:
 
     # ------------------------------------------------------------------ one group
 
-    async def _run_group(self, prompt: Prompt, attempt: int) -> None:
+    async def _run_group(self, prompt: Prompt, group_id: str, states: list[SampleState]) -> None:
+        """Generate, score and push one group; samples restored from a checkpoint continue."""
         t0 = time.monotonic()
-        group_id = f"g{prompt.data_index}" + (f"r{attempt}" if attempt else "")
-        states = [SampleState(f"{group_id}/{i}") for i in range(self.algo.group_size)]
-        await asyncio.gather(*(self._run_sample(prompt, s) for s in states))
+        await asyncio.gather(*(self._run_sample(prompt, s) for s in states if not s.finish_reason))
         t_gen = time.monotonic()
         texts = [self.decode(s.output_ids) for s in states]
         results = await self.scorer.score_group(
@@ -172,8 +167,9 @@ class RolloutController:
             gen_time_s=t_gen - t0,
             reward_time_s=time.monotonic() - t_gen,
         )
-        for s in states:
-            self.samples.pop(s.sample_id, None)
+        # no await between here and the push's first await: a snapshot sees the group in exactly
+        # one place (in progress, or retained as unacked)
+        del self.in_progress[group_id]
         self.staleness.on_accepted()
         self.unacked[group_id] = group
         await self.push(group)
@@ -182,7 +178,6 @@ class RolloutController:
 
     async def _run_sample(self, prompt: Prompt, state: SampleState) -> None:
         """Generate one answer, continuing it across interruptions until stop or length."""
-        self.samples[state.sample_id] = state
         for segment in range(_MAX_SEGMENTS):
             remaining = self.rollout.max_new_tokens - len(state.output_ids)
             if remaining <= 0:
@@ -229,6 +224,43 @@ class RolloutController:
             state.finish_reason = response.finish_reason.value
             return
         raise RuntimeError(f"sample {state.sample_id} was interrupted {_MAX_SEGMENTS} times")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def snapshot(self, step: int) -> ControllerSnapshot:
+        """A consistent copy of the rollout state. Synchronous: no other coroutine runs meanwhile."""
+        copy = [
+            PartialGroup(g.data_index, g.attempt, [SampleState(**asdict(s)) for s in g.samples])
+            for g in self.in_progress.values()
+        ]
+        return ControllerSnapshot(
+            step=step,
+            version=self.version,
+            stream_position=self.stream.position,
+            staleness=self.staleness.state_dict(),
+            requeued=list(self.requeued),
+            counters=dict(asdict(self.counters)),
+            partial=copy,
+            retained=list(self.unacked.values()),
+        )
+
+    def restore(self, snap: ControllerSnapshot) -> list[m.TrajectoryGroup]:
+        """Resume from a snapshot; returns the groups to re-send to the trainer.
+
+        Partial groups restart as tasks that continue each sample from its saved tokens; they
+        wait on `running`, so nothing is generated before the servers hold the saved version.
+        """
+        self.version = snap.version
+        self.stream.position = snap.stream_position
+        state = dict(snap.staleness)
+        state["running"] = len(snap.partial)
+        self.staleness.load_state_dict(state)
+        self.requeued = deque(tuple(x) for x in snap.requeued)
+        self.counters = RolloutCounters(**snap.counters)
+        for group in snap.partial:
+            self._start_group(self.stream.at(group.data_index), group.attempt, group.samples)
+        self.unacked = {g.group_id: g for g in snap.retained}
+        return list(snap.retained)
 
     # ------------------------------------------------------------------ lifecycle
 

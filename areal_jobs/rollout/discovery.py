@@ -20,6 +20,7 @@ class ServerRecord:
     index: int
     host: str
     port: int
+    pid: int = 0  # the SGLang process (its group is the whole server), for operators and fault tests
 
     @property
     def url(self) -> str:
@@ -30,11 +31,11 @@ def servers_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "servers"
 
 
-def register_server(run_dir: Path, index: int, host: str, port: int) -> None:
+def register_server(run_dir: Path, index: int, host: str, port: int, pid: int = 0) -> None:
     folder = servers_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{index}.json.tmp"
-    tmp.write_text(json.dumps({"index": index, "host": host, "port": port}))
+    tmp.write_text(json.dumps({"index": index, "host": host, "port": port, "pid": pid}))
     os.replace(tmp, folder / f"{index}.json")
 
 
@@ -47,7 +48,7 @@ def read_servers(run_dir: Path) -> list[ServerRecord]:
     for path in sorted(servers_dir(run_dir).glob("*.json")):
         try:
             raw = json.loads(path.read_text())
-            records.append(ServerRecord(int(raw["index"]), str(raw["host"]), int(raw["port"])))
+            records.append(ServerRecord(int(raw["index"]), str(raw["host"]), int(raw["port"]), int(raw.get("pid", 0))))
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"bad server record {path}: {exc}; delete it and restart that server") from None
     return sorted(records, key=lambda r: r.index)

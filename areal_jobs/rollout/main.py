@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +26,8 @@ from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.service import ControllerService
 from areal_jobs.rollout.sglang_client import SGLangClient
+from areal_jobs.rollout.snapshot import load_snapshot
+from areal_jobs.trainer.checkpoint import latest_checkpoint
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
 from areal_jobs.transport.channels import ControllerChannel
 
@@ -42,14 +46,16 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         held_out, _ = load_rows(cfg.data.dataset, cfg.data.eval_path, tokenizer.encode, cfg.data.max_prompt_tokens)
     elif rows is not None:  # hold out the tail of the training file
         rows, held_out = rows[: -cfg.data.num_eval_prompts or None], rows[-cfg.data.num_eval_prompts :]
-    records = discovery.wait_for_servers(run_dir, cfg.rollout.num_servers, cfg.rollout.server_start_timeout_s)
-    pool = ServerPool()
-    for rec in records:
-        client = SGLangClient(
+    def make_client(rec: discovery.ServerRecord) -> SGLangClient:
+        return SGLangClient(
             f"{rec.index}", rec.url, token,
             generate_timeout_s=cfg.rollout.request_timeout_s, call_timeout_s=cfg.rollout.call_timeout_s,
         )  # fmt: skip
-        pool.add(rec.index, client, cfg.rollout.tp_size)
+
+    records = discovery.wait_for_servers(run_dir, cfg.rollout.num_servers, cfg.rollout.server_start_timeout_s)
+    pool = ServerPool()
+    for rec in records:
+        pool.add(rec.index, make_client(rec), cfg.rollout.tp_size)
     scorer = RewardService(cfg.reward)
     scorer.start()
     host = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
@@ -65,14 +71,36 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     service = ControllerService(
         controller, orchestrator, channel, eval_prompts(cfg.data, tokenizer.encode, held_out),
         eval_every_steps=cfg.run.eval_every_steps, step_timeout_s=cfg.weight_sync.step_timeout_s,
+        health_interval_s=cfg.rollout.health_interval_s, make_client=make_client,
+        discover=lambda: discovery.read_servers(run_dir),
     )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        # the trainer drives the checkpoint; this process only stays up long enough to serve it
+        loop.add_signal_handler(sig, service.preempted.set)
+    checkpoint = latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    restored = load_snapshot(checkpoint / "rollout") if checkpoint is not None else None
     try:
-        return await service.run()
+        code = await service.run(restored)
+        _write_final_state(run_dir, controller)
+        return code
     finally:
         scorer.close()
         channel.close()
         for slot in pool.slots.values():
             await slot.client.close()
+
+
+def _write_final_state(run_dir: Path, controller: RolloutController) -> None:
+    """Which prompts were still pending at the end: with the ledger, proves none was lost."""
+    snap = controller.snapshot(step=-1)
+    state = {
+        "stream_position": snap.stream_position,
+        "in_progress": sorted(g.data_index for g in snap.partial),
+        "untrained": sorted(g.data_index for g in snap.retained),
+        "requeued": sorted(i for i, _ in snap.requeued),
+    }
+    (run_dir / "rollout_final.json").write_text(json.dumps(state, indent=2))
 
 
 def _controller_ports(cfg: JobConfig, run_dir: Path, host: str) -> tuple[int, int]:

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, forward)
     try:
         server.wait_healthy(cfg.rollout.server_start_timeout_s)
-        discovery.register_server(run_dir, args.index, host, port)
+        discovery.register_server(run_dir, args.index, host, port, server.process.pid)
         logger.info("server %d ready at %s", args.index, server.url)
         code = server.process.wait()
         return 128 + received[0] if received else code

@@ -1,8 +1,9 @@
 """The set of rollout servers the controller dispatches to: load tracking and health.
 
 Dispatch is least-loaded first (fewest in-flight requests, ties to the lowest index). A server
-that fails a call or a health check is marked down and receives no new work until it is healthy
-again and has received the current weights (`mark_up`).
+that fails a call or a health check is marked down. When it comes back (restarted by the
+launcher, re-registered) it is *joining*: it takes no work until the next weight update has
+formed the broadcast groups with it and given it the current weights (`promote_joining`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class ServerSlot:
     tp_size: int = 1
     in_flight: int = 0
     up: bool = True
+    joining: bool = False  # back from the dead; waits for the current weights
     failures: int = 0
     completed: int = 0
 
@@ -56,8 +58,21 @@ class ServerPool:
         slot.up = False
         slot.failures += 1
 
-    def mark_up(self, index: int) -> None:
-        self.slots[index].up = True
+    def rejoin(self, index: int, client: RolloutBackendClient) -> None:
+        """A restarted server (possibly at a new address) will get weights at the next update."""
+        slot = self.slots[index]
+        slot.client, slot.joining, slot.up, slot.in_flight = client, True, False, 0
+
+    @property
+    def joining_slots(self) -> list[ServerSlot]:
+        return [s for s in self.slots.values() if s.joining]
+
+    def promote_joining(self) -> list[int]:
+        """Called while generation is paused for an update: joiners are in it from here on."""
+        promoted = [s.index for s in self.joining_slots]
+        for index in promoted:
+            self.slots[index].joining, self.slots[index].up = False, True
+        return promoted
 
     @property
     def total_in_flight(self) -> int:

@@ -1,8 +1,10 @@
-"""The controller process's event loop: control messages, weight updates, stats, evaluation.
+"""The controller process's event loop: control messages, weight updates, checkpoints, server
+health, stats and evaluation.
 
-Startup: evaluate the initial policy on the held-out set (servers idle, version 0), then start
-admitting training prompts. Each PauseRequest from the trainer runs the weight-update handshake
-to completion before the next message is read, so updates never overlap.
+Fresh start: evaluate the initial policy on the held-out set (servers idle, version 0), then
+admit training prompts. Resume: restore the snapshot, re-send its groups, and generate nothing
+until the trainer has published the checkpoint's weights. Each PauseRequest runs the whole
+weight-update handshake before the next message is read, so updates never overlap.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
+from typing import Callable
 
 from areal_jobs.rollout.controller import RolloutController
+from areal_jobs.rollout.discovery import ServerRecord
 from areal_jobs.rollout.evaluation import EvalSummary, evaluate
+from areal_jobs.rollout.snapshot import ControllerSnapshot, save_snapshot
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator, run_stage
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.channels import ControllerChannel
@@ -29,49 +35,74 @@ class ControllerService:
         eval_prompts: list,
         *,
         eval_every_steps: int,
-        stats_interval_s: float = 2.0,
         step_timeout_s: float = 120.0,
+        health_interval_s: float = 5.0,
+        discover: Callable[[], list[ServerRecord]] | None = None,
+        make_client: Callable[[ServerRecord], object] | None = None,
+        stats_interval_s: float = 2.0,
     ) -> None:
         self.ctl = controller
         self.orch = orchestrator
         self.channel = channel
         self.eval_prompts = eval_prompts
         self.eval_every_steps = eval_every_steps
-        self.stats_interval_s = stats_interval_s
         self.step_timeout_s = step_timeout_s
+        self.health_interval_s = health_interval_s
+        self.discover = discover
+        self.make_client = make_client
+        self.stats_interval_s = stats_interval_s
+        self.preempted = asyncio.Event()  # SIGUSR1/SIGTERM: finish the trainer's checkpoint, then exit
         self._outbox: list[m.ControlMessage] = []  # held until a trainer has said hello
         self._background: set[asyncio.Task] = set()
+        self._known: dict[int, ServerRecord] = {}
 
-    async def run(self) -> int:
-        if self.eval_prompts:
+    async def run(self, restored: ControllerSnapshot | None = None) -> int:
+        if restored is not None:
+            self.ctl.running.clear()  # until the trainer publishes the checkpoint's weights
+            for group in self.ctl.restore(restored):
+                await self.channel.push_group(group)
+            logger.info(
+                "resumed rollout at step %d: %d groups re-sent, %d partial samples continue",
+                restored.step, len(restored.retained), restored.num_partial_samples,
+            )  # fmt: skip
+        elif self.eval_prompts:
             await self._eval("start", greedy=True)
-        admission = asyncio.create_task(self.ctl.admission_loop(), name="admission")
-        stats = asyncio.create_task(self._stats_loop(), name="stats")
+        loops = [self.ctl.admission_loop(), self._stats_loop(), self._health_loop()]
+        tasks = [asyncio.create_task(c) for c in loops]
         try:
-            while True:
-                if self.ctl.fatal is not None:
-                    raise RuntimeError(f"rollout failed: {self.ctl.fatal!r}")
-                msg = await self.channel.recv_control(timeout_s=1.0)
-                if msg is None:
-                    continue
-                if isinstance(msg, m.TrainerHello):
-                    self.orch.forget_groups()  # a (re)started trainer holds no broadcast group
-                    await self._send(m.ControllerHello(version=self.ctl.version, num_servers=len(self.ctl.pool.up_slots)))
-                    await self._flush_outbox()
-                elif isinstance(msg, m.GroupsExpired):
-                    self.ctl.on_expired(msg.group_ids)
-                elif isinstance(msg, m.PauseRequest):
-                    await self._update_weights(msg)
-                elif isinstance(msg, m.Stop):
-                    await self._stop(msg)
-                    return 0
-                else:
-                    logger.warning("ignoring unexpected %s from the trainer", type(msg).__name__)
+            return await self._serve()
         finally:
-            admission.cancel()
-            stats.cancel()
-            for task in self._background:
+            for task in (*tasks, *self._background):
                 task.cancel()
+
+    async def _serve(self) -> int:
+        preempted_at: float | None = None
+        while True:
+            if self.ctl.fatal is not None:
+                raise RuntimeError(f"rollout failed: {self.ctl.fatal!r}")
+            if self.preempted.is_set():
+                preempted_at = preempted_at or time.monotonic()
+                if time.monotonic() - preempted_at > self.step_timeout_s:
+                    logger.warning("preempted and no checkpoint request came: exiting (last checkpoint stands)")
+                    return 0
+            msg = await self.channel.recv_control(timeout_s=1.0)
+            if msg is None:
+                continue
+            if isinstance(msg, m.TrainerHello):
+                self.orch.forget_groups()  # a (re)started trainer holds no broadcast group
+                await self._send(m.ControllerHello(version=self.ctl.version, num_servers=len(self.ctl.pool.up_slots)))
+                await self._flush_outbox()
+            elif isinstance(msg, m.GroupsExpired):
+                self.ctl.on_expired(msg.group_ids)
+            elif isinstance(msg, m.PauseRequest):
+                await self._update_weights(msg)
+            elif isinstance(msg, m.CheckpointRequest):
+                await self._checkpoint(msg)
+            elif isinstance(msg, m.Stop):
+                await self._stop(msg)
+                return 0
+            else:
+                logger.warning("ignoring unexpected %s from the trainer", type(msg).__name__)
 
     async def _update_weights(self, req: m.PauseRequest) -> None:
         t0 = time.monotonic()
@@ -80,6 +111,10 @@ class ControllerService:
         ctl.running.clear()
         try:
             await self.orch.pause(lambda: ctl.segments_in_flight)
+            joined = ctl.pool.promote_joining()  # paused: safe to include them from here on
+            if joined:
+                logger.info("servers %s rejoin at version %d", joined, req.version)
+                self.orch.forget_groups()
             init = not req.disk_path and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
             world = ctl.pool.group_world_size()
@@ -98,10 +133,16 @@ class ControllerService:
             raise
         ctl.running.set()
         await self._send(m.VersionPublished(version=req.version, update_s=time.monotonic() - t0))
-        if self.eval_prompts and self.eval_every_steps and req.version % self.eval_every_steps == 0:
-            task = asyncio.create_task(self._eval("periodic"), name=f"eval-v{req.version}")
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+        if self.eval_prompts and self.eval_every_steps and req.version % self.eval_every_steps == 0 and req.trained_group_ids:
+            self._spawn(self._eval("periodic"), f"eval-v{req.version}")
+
+    async def _checkpoint(self, req: m.CheckpointRequest) -> None:
+        """Snapshot now (no await: consistent), write it off the event loop: generation goes on."""
+        snap = self.ctl.snapshot(req.step)
+        t0 = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, save_snapshot, snap, Path(req.path))
+        logger.info("checkpoint step %d: rollout state saved in %.2fs", req.step, time.monotonic() - t0)
+        await self._send(m.CheckpointSaved(req.step, len(snap.retained), snap.num_partial_samples))
 
     async def _stop(self, msg: m.Stop) -> None:
         logger.info("stopping: %s", msg.reason)
@@ -113,6 +154,26 @@ class ControllerService:
         if msg.final_eval and self.eval_prompts:
             await self._eval("final", greedy=True)
         await self._send(m.Stopped(num_groups_pushed=self.ctl.counters.groups_pushed, metrics=self.ctl.metrics()))
+
+    async def _health_loop(self) -> None:
+        """Mark servers that stop answering down; let restarted ones rejoin (and ask for weights)."""
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            for slot in self.ctl.pool.up_slots:
+                if not await slot.client.healthy():
+                    self.ctl.pool.mark_down(slot.index, "health check failed")
+                    self.orch.forget_groups()
+            if self.discover is None or self.make_client is None:
+                continue
+            for rec in self.discover():
+                slot = self.ctl.pool.slots.get(rec.index)
+                if slot is None or slot.up or slot.joining:
+                    continue
+                client = self.make_client(rec)
+                if await client.healthy():
+                    self.ctl.pool.rejoin(rec.index, client)
+                    logger.info("server %d is back at %s; asking the trainer for the current weights", rec.index, rec.url)
+                    await self._send(m.WeightsNeeded(reason=f"server {rec.index} rejoined"))
 
     async def _eval(self, kind: str, greedy: bool = False) -> None:
         version = self.ctl.version
@@ -132,7 +193,7 @@ class ControllerService:
             )
 
     async def _stats_loop(self) -> None:
-        last_tokens, last_t = 0, time.monotonic()
+        last_tokens, last_t = self.ctl.counters.generated_tokens, time.monotonic()
         while True:
             await asyncio.sleep(self.stats_interval_s)
             now = time.monotonic()
@@ -143,6 +204,11 @@ class ControllerService:
             metrics.update(self.ctl.scorer.metrics())
             last_tokens, last_t = tokens, now
             await self._send(m.RolloutStats(metrics=metrics))
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _send(self, msg: m.ControlMessage) -> None:
         if not self.channel.has_peer:

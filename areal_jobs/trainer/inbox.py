@@ -31,6 +31,7 @@ class Inbox:
         self.evals: list[m.EvalResult] = []  # not yet logged
         self.all_evals: list[m.EvalResult] = []
         self._control: list[m.ControlMessage] = []  # replies waited for, in arrival order
+        self.weights_needed = False  # a server rejoined: publish the current weights again
 
     def pump(self, timeout_s: float) -> bool:
         """Receive at most one message (waiting up to timeout_s); True if one arrived."""
@@ -44,6 +45,9 @@ class Inbox:
         elif isinstance(msg, m.EvalResult):
             self.evals.append(msg)
             self.all_evals.append(msg)
+        elif isinstance(msg, m.WeightsNeeded):
+            logger.info("controller asks for the current weights: %s", msg.reason)
+            self.weights_needed = True
         elif isinstance(msg, m.UpdateFailed):
             raise ControllerFailed(f"weight update to version {msg.version} failed at {msg.stage}: {msg.error}")
         else:
@@ -61,10 +65,12 @@ class Inbox:
                 raise TimeoutError(f"no {kind.__name__} from the controller within {timeout_s:.0f}s while {waiting_for}")
             self.pump(min(remaining, 1.0))
 
-    def wait_groups(self, count: int, timeout_s: float) -> None:
-        """Block until at least `count` groups are buffered."""
+    def wait_groups(self, count: int, timeout_s: float, interrupt=lambda: False) -> bool:
+        """Block until at least `count` groups are buffered (True), or `interrupt()` holds (False)."""
         deadline = time.monotonic() + timeout_s
         while len(self.groups) < count:
+            if interrupt():
+                return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
@@ -74,3 +80,4 @@ class Inbox:
             self.pump(min(remaining, 1.0))
         while self.pump(0):  # take everything already queued, so batch selection sees it
             pass
+        return True

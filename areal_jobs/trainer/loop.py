@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,10 @@ from areal_jobs.transport import messages as m
 from areal_jobs.weights.publisher import WeightPublisher
 
 logger = logging.getLogger(__name__)
+
+
+class Preempted(Exception):
+    """SIGUSR1/SIGTERM arrived: checkpoint at the last finished step and exit."""
 
 
 class TrainLoop:
@@ -51,12 +56,20 @@ class TrainLoop:
         self.max_staleness_seen = 0
         self.trained_tokens = 0
         self.expired_groups = 0
+        self.preempt = threading.Event()  # set by the signal handler; checked between phases
 
     def take_groups(self) -> list[m.TrajectoryGroup]:
         """B fresh groups, oldest first; expired ones are sent back to be regenerated."""
         b = self.algo.batch_size
         while True:
-            self.inbox.wait_groups(b, self.batch_wait_timeout_s)
+            if self.preempt.is_set():
+                raise Preempted()
+            if self.inbox.weights_needed:
+                self.inbox.weights_needed = False
+                self.publisher.publish(self.version, self.backend, trained=())
+            interrupt = lambda: self.preempt.is_set() or self.inbox.weights_needed  # noqa: E731
+            if not self.inbox.wait_groups(b, self.batch_wait_timeout_s, interrupt):
+                continue
             fresh, expired = split_fresh(self.inbox.groups, self.version, self.algo.max_staleness)
             if expired:
                 self.expired_groups += len(expired)
@@ -98,6 +111,19 @@ class TrainLoop:
         self.sink.log(self.step, metrics)
         self.log_evals()
         return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "version": self.version,
+            "max_staleness_seen": self.max_staleness_seen,
+            "trained_tokens": self.trained_tokens,
+            "expired_groups": self.expired_groups,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("step", "version", "max_staleness_seen", "trained_tokens", "expired_groups"):
+            setattr(self, key, int(state[key]))
 
     def log_evals(self) -> None:
         for ev in self.inbox.evals:

@@ -2,9 +2,11 @@
 
     python -m areal_jobs.trainer.main --config RUN_DIR/config.yaml
 
-Setup, then `TrainLoop` until trainer.total_steps, then Stop: the controller runs the final
-evaluation; this process writes summary.json, the reward/accuracy PNG and a final Hugging Face
-checkpoint. Exits non-zero on any failure (a failed or timed-out stage is named in the log).
+Setup (resuming from RUN_DIR/checkpoints/latest when present), then `TrainLoop` until
+trainer.total_steps, checkpointing every checkpoint.every_steps, then Stop: the controller runs
+the final evaluation; this process writes summary.json, the reward/accuracy PNG and a final
+Hugging Face checkpoint. SIGUSR1/SIGTERM: checkpoint at the last finished step and exit 0
+(SLURM requeues; the next attempt resumes). Any failure exits non-zero, naming the stage.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,8 +24,9 @@ from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import build_sink
 from areal_jobs.report import final_line, plot_run, write_summary
 from areal_jobs.rollout import discovery
+from areal_jobs.trainer import checkpoint as ckpt
 from areal_jobs.trainer.inbox import Inbox
-from areal_jobs.trainer.loop import TrainLoop
+from areal_jobs.trainer.loop import Preempted, TrainLoop
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.channels import TrainerChannel
 from areal_jobs.weights.publisher import WeightPublisher
@@ -41,8 +45,29 @@ def build_backend(cfg: JobConfig):
     return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
 
 
-def run(cfg: JobConfig, run_dir: Path, token: str) -> dict:
+def save_checkpoint(run_dir: Path, loop: TrainLoop, inbox: Inbox, keep_last: int, timeout_s: float) -> None:
+    """Both halves of a consistent cut at step `loop.step`; generation keeps running meanwhile."""
+    t0 = time.monotonic()
+    folder = ckpt.step_dir(run_dir, loop.step)
+    inbox.channel.send(m.CheckpointRequest(step=loop.step, version=loop.version, path=str(folder / "rollout")))
+    loop.backend.save_checkpoint(str(folder / "trainer"))
+    saved = inbox.wait_for(m.CheckpointSaved, timeout_s, f"the controller saving checkpoint step {loop.step}")
+    evals = [vars_of(e) for e in inbox.all_evals]
+    ckpt.commit(run_dir, folder, {**loop.state_dict(), "evals": evals}, keep_last)
+    logger.info(
+        "checkpoint saved at step %d in %.1fs (%d untrained groups, %d partial samples)",
+        loop.step, time.monotonic() - t0, saved.num_groups, saved.num_partial_samples,
+    )  # fmt: skip
+
+
+def vars_of(ev: m.EvalResult) -> dict:
+    return {"version": ev.version, "accuracy": ev.accuracy, "mean_reward": ev.mean_reward,
+            "num_prompts": ev.num_prompts, "kind": ev.kind}  # fmt: skip
+
+
+def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
     import torch
+    from tqdm import tqdm
 
     t_start = float(os.environ.get("AREAL_JOB_START_TIME", time.time()))
     torch.set_num_threads(cfg.trainer.threads)
@@ -54,17 +79,48 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict:
     else:
         host, *ports = discovery.wait_for_controller(run_dir, cfg.rollout.server_start_timeout_s + 600)
     inbox = Inbox(TrainerChannel(host, ports[0], ports[1], token).connect())
-    inbox.channel.send(m.TrainerHello(version=0, step=0))
-    inbox.wait_for(m.ControllerHello, cfg.weight_sync.step_timeout_s * 5, "saying hello to the controller")
     bind = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
     port = cfg.weight_sync.master_port or discovery.free_port(bind)
     publisher = WeightPublisher(cfg.weight_sync, inbox, bind, port, run_dir / "weights")
+    latest = ckpt.latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    if latest is not None:  # before the sink opens metrics.jsonl: rows past the checkpoint go
+        ckpt.truncate_jsonl(run_dir / "metrics.jsonl", ckpt.read_meta(latest)["step"])
     sink = build_sink(run_dir, cfg.run.tensorboard)
     loop = TrainLoop(cfg.algo, backend, inbox, publisher, sink, run_dir / "ledger.jsonl", cfg.trainer.batch_wait_timeout_s)
-    from tqdm import tqdm
-
-    for _ in tqdm(range(cfg.trainer.total_steps), desc="train", unit="step", mininterval=5.0, disable=None):
-        loop.run_step()
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda *_: loop.preempt.set())
+    if latest is not None:
+        meta = ckpt.read_meta(latest)
+        backend.load_checkpoint(str(latest / "trainer"))
+        loop.load_state_dict(meta)
+        inbox.all_evals = [m.EvalResult(**e) for e in meta.get("evals", [])]
+        dropped = ckpt.truncate_jsonl(run_dir / "ledger.jsonl", loop.step)
+        logger.info("resumed from checkpoint at step %d (version %d; %d later ledger rows dropped)", loop.step, loop.version, dropped)
+    inbox.channel.send(m.TrainerHello(version=loop.version, step=loop.step, resumed=latest is not None))
+    inbox.wait_for(m.ControllerHello, cfg.weight_sync.step_timeout_s * 5, "saying hello to the controller")
+    if latest is not None:  # the servers restarted with the base model: give them this version first
+        publisher.publish(loop.version, backend, trained=())
+    every = cfg.checkpoint.every_steps
+    timeout_s = cfg.weight_sync.step_timeout_s
+    saved_step = loop.step if latest is not None else -1
+    try:
+        for _ in tqdm(range(loop.step, cfg.trainer.total_steps), desc="train", unit="step", mininterval=5.0, disable=None):
+            loop.run_step()
+            if every and loop.step % every == 0 and loop.step < cfg.trainer.total_steps:
+                save_checkpoint(run_dir, loop, inbox, cfg.checkpoint.keep_last, timeout_s)
+                saved_step = loop.step
+            if loop.preempt.is_set():
+                raise Preempted()
+    except Preempted:
+        logger.info("preempted after step %d: checkpointing", loop.step)
+        if saved_step != loop.step:
+            save_checkpoint(run_dir, loop, inbox, cfg.checkpoint.keep_last, timeout_s)
+        else:  # the periodic checkpoint of this very step stands
+            logger.info("checkpoint saved at step %d (periodic)", loop.step)
+        inbox.channel.send(m.Stop(reason="preempted", final_eval=False))
+        inbox.wait_for(m.Stopped, timeout_s, "the controller stopping after preemption")
+        inbox.channel.close()
+        return None
     inbox.channel.send(m.Stop(reason="trainer.total_steps reached"))
     stopped = inbox.wait_for(m.Stopped, cfg.rollout.request_timeout_s + 600, "the final evaluation")
     loop.log_evals()
@@ -85,6 +141,7 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict:
         "trained_tokens": loop.trained_tokens,
         "expired_groups": loop.expired_groups,
         "max_staleness": cfg.algo.max_staleness,
+        "resumed": latest is not None,
         "final_checkpoint": str(run_dir / "final_hf"),
     }
     write_summary(run_dir, summary)

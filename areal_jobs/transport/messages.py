@@ -67,6 +67,7 @@ class TrainerHello:
 
     version: int  # the policy version the trainer holds (what the servers must also hold)
     step: int
+    resumed: bool = False  # restored from a checkpoint: its weights must reach the servers first
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,31 @@ class UpdateFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointRequest:
+    """Trainer -> controller after step `step`: snapshot rollout state into `path` (keep generating)."""
+
+    step: int
+    version: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSaved:
+    """Controller -> trainer: its half of checkpoint `step` is on disk."""
+
+    step: int
+    num_groups: int  # trajectory groups pushed but not yet trained, saved whole
+    num_partial_samples: int  # samples in progress, saved with their tokens, log-probs and versions
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsNeeded:
+    """Controller -> trainer: a (re)joined server needs the current weights; publish them again."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class RolloutStats:
     """Controller -> trainer: flat rollout metrics for the run's one metrics sink."""
 
@@ -172,6 +198,9 @@ CONTROL_MESSAGES = (
     EvalResult,
     Stop,
     Stopped,
+    CheckpointRequest,
+    CheckpointSaved,
+    WeightsNeeded,
 )
 ControlMessage = (
     TrainerHello
@@ -185,4 +214,7 @@ ControlMessage = (
     | EvalResult
     | Stop
     | Stopped
+    | CheckpointRequest
+    | CheckpointSaved
+    | WeightsNeeded
 )

@@ -18,12 +18,12 @@ def test_problems_are_a_pure_function_of_seed_and_index():
 def test_worked_solution_is_correct_and_consistent(index):
     p = arith_task.problem_at(1, index)
     # recompute the answer from the prompt text alone
-    expr = p.prompt.removeprefix("Q: ").split(" (mod")[0]
-    value, i = int(expr[0]), 1
-    while i < len(expr):
-        value = (value + int(expr[i + 1]) if expr[i] == "+" else value - int(expr[i + 1])) % arith_task.MODULUS
-        i += 2
-    assert value == p.answer
+    parts = p.prompt.removeprefix("Q: start ").split(". (mod")[0].split("; ")
+    value = int(parts[0])
+    for part in parts[1:]:
+        _, op = part.split(" ")
+        value = (value + int(op[1:]) if op[0] == "+" else value - int(op[1:])) % arith_task.MODULUS
+    assert value == p.answer and len(parts) - 1 == p.num_steps
     assert p.solution.count("=") == p.num_steps
     assert arith_task.reward(p.solution, str(p.answer)).reward == 1.0
 

@@ -1,0 +1,102 @@
+"""The controller's half of a checkpoint: everything needed to resume rollout exactly.
+
+    controller.json   version, prompt-stream position, staleness counters, re-queued prompts,
+                      counters, and every group in progress with each sample's tokens, behaviour
+                      log-probs and policy versions so far (a resumed sample continues from them)
+    groups.bin        trajectory groups pushed to the trainer but not trained by this step,
+                      in the wire codec's frames (length-prefixed), re-sent on resume
+
+Together with the trainer's checkpoint of the same step this is a consistent cut: every prompt
+of the stream before `stream_position` is trained, in a saved group, or in a saved partial group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from areal_jobs.transport import codec
+from areal_jobs.transport import messages as m
+
+_DISK_TOKEN = "checkpoint"  # groups on disk are not on the wire; the codec still checks a token
+SNAPSHOT_VERSION = 1
+
+
+@dataclass
+class PartialSample:
+    sample_id: str
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    interruptions: int = 0
+    finish_reason: str = ""  # "" while the sample is still being generated
+
+
+@dataclass
+class PartialGroup:
+    data_index: int
+    attempt: int
+    samples: list[PartialSample]
+
+
+@dataclass
+class ControllerSnapshot:
+    step: int
+    version: int
+    stream_position: int
+    staleness: dict[str, int]
+    requeued: list[tuple[int, int]]
+    counters: dict[str, int]
+    partial: list[PartialGroup]
+    retained: list[m.TrajectoryGroup] = field(default_factory=list)
+
+    @property
+    def num_partial_samples(self) -> int:
+        return sum(len(g.samples) for g in self.partial)
+
+
+def save_snapshot(snap: ControllerSnapshot, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {k: v for k, v in asdict(snap).items() if k != "retained"}
+    meta["snapshot_version"] = SNAPSHOT_VERSION
+    _atomic_write(folder / "controller.json", json.dumps(meta).encode())
+    chunks = []
+    for group in snap.retained:
+        frames = codec.encode_group(group, _DISK_TOKEN)
+        chunks.append(struct.pack("<I", len(frames)))
+        for frame in frames:
+            chunks += [struct.pack("<Q", len(frame)), frame]
+    _atomic_write(folder / "groups.bin", b"".join(chunks))
+
+
+def load_snapshot(folder: Path) -> ControllerSnapshot:
+    meta = json.loads((folder / "controller.json").read_text())
+    if meta.pop("snapshot_version", None) != SNAPSHOT_VERSION:
+        raise ValueError(f"{folder}/controller.json was written by another areal_jobs version")
+    partial = [
+        PartialGroup(g["data_index"], g["attempt"], [PartialSample(**s) for s in g["samples"]]) for g in meta.pop("partial")
+    ]
+    requeued = [tuple(x) for x in meta.pop("requeued")]
+    data = (folder / "groups.bin").read_bytes()
+    retained, offset = [], 0
+    while offset < len(data):
+        (count,), offset = struct.unpack_from("<I", data, offset), offset + 4
+        frames = []
+        for _ in range(count):
+            (size,), offset = struct.unpack_from("<Q", data, offset), offset + 8
+            frames.append(data[offset : offset + size])
+            offset += size
+        retained.append(codec.decode_group(frames, _DISK_TOKEN))
+    return ControllerSnapshot(partial=partial, requeued=requeued, retained=retained, **meta)
+
+
+def _atomic_write(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

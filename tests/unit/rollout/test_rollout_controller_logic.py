@@ -1,0 +1,194 @@
+"""The controller's logic around a rollout server, against an in-process fake (unit tests):
+interruption and continuation, failover with partial outputs, version stamps, snapshot/restore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from areal_jobs.config import AlgoConfig, DataConfig, RolloutConfig
+from areal_jobs.data.prompts import Prompt, PromptStream
+from areal_jobs.rollout.controller import RolloutController
+from areal_jobs.rollout.server_pool import ServerPool
+from areal_jobs.rollout.snapshot import load_snapshot, save_snapshot
+
+from .fake_server import FakeServer, ZeroScorer
+
+
+class Stream(PromptStream):
+    """Prompt i is [i+1, i+2, i+3]; answers are 40 - 3 = 37 tokens long."""
+
+    def __init__(self):
+        super().__init__(DataConfig(), encode=lambda text: [])
+
+    def at(self, index: int) -> Prompt:
+        return Prompt(index, [index + 1, index + 2, index + 3], "arith", "0")
+
+
+def make(servers, *, batch=2, group=2, eta=1, max_new=64):
+    pool = ServerPool()
+    for i, s in enumerate(servers):
+        pool.add(i, s)
+    pushed = []
+
+    async def push(g):
+        pushed.append(g)
+
+    ctl = RolloutController(
+        RolloutConfig(max_new_tokens=max_new, max_concurrent=64),
+        AlgoConfig(batch_size=batch, group_size=group, max_staleness=eta),
+        pool, ZeroScorer(), Stream(), decode=lambda ids: "x", push=push,
+    )  # fmt: skip
+    return ctl, pushed
+
+
+async def until(cond, timeout_s=20.0):
+    for _ in range(int(timeout_s / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError("condition not reached")
+
+
+def expected_tokens(prompt_len=3, total=40):
+    out = [100 + prompt_len + i for i in range(total - prompt_len)]
+    out[-1] = 0
+    return out
+
+
+def test_groups_are_admitted_under_the_bound_and_pushed_complete():
+    async def go():
+        server = FakeServer("a", answer_len=lambda ids: 40)
+        ctl, pushed = make([server], batch=2, eta=1)
+        task = asyncio.create_task(ctl.admission_loop())
+        await until(lambda: len(pushed) == 4)  # (eta + 1) * B at version 0
+        await asyncio.sleep(0.2)
+        assert len(pushed) == 4 and ctl.staleness.state.running == 0
+        ctl.on_version(1)
+        await until(lambda: len(pushed) == 6)
+        await ctl.stop()
+        task.cancel()
+        return pushed
+
+    pushed = asyncio.run(go())
+    for g in pushed:
+        assert len(g.samples) == 2
+        for s in g.samples:
+            assert s.output_ids.tolist() == expected_tokens() and s.finish_reason == "stop"
+    assert [g.data_index for g in pushed] == list(range(6))
+
+
+def test_interrupted_samples_continue_and_carry_both_versions():
+    async def go():
+        server = FakeServer("a", token_s=0.005, answer_len=lambda ids: 40)
+        ctl, pushed = make([server], batch=1, group=2, eta=0)
+        task = asyncio.create_task(ctl.admission_loop())
+        await asyncio.sleep(0.06)  # some tokens generated
+        ctl.running.clear()
+        await server.pause("abort")
+        server.weight_version = 1
+        ctl.on_version(1)
+        await server.resume()
+        ctl.running.set()
+        await until(lambda: len(pushed) >= 1)
+        await ctl.stop()
+        task.cancel()
+        return pushed[0], server
+
+    group, server = asyncio.run(go())
+    for s in group.samples:
+        versions = s.versions.tolist()
+        assert s.num_interruptions == 1 and versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+        assert s.output_ids.tolist() == expected_tokens()  # continuation = prompt + partial output
+    resent = [r for r in server.requests if len(r.input_ids) > 3]
+    assert resent and all(r.max_new_tokens == 64 - (len(r.input_ids) - 3) for r in resent)
+
+
+def test_a_dead_server_s_requests_move_to_the_other_with_their_partial_output():
+    async def go():
+        a, b = FakeServer("a", token_s=0.004, answer_len=lambda ids: 40), FakeServer("b", token_s=0.004, answer_len=lambda ids: 40)
+        ctl, pushed = make([a, b], batch=2, group=2, eta=0)
+        task = asyncio.create_task(ctl.admission_loop())
+        await asyncio.sleep(0.05)
+        a.dead = True
+        await until(lambda: len(pushed) == 2)
+        await ctl.stop()
+        task.cancel()
+        return ctl, pushed, b
+
+    ctl, pushed, b = asyncio.run(go())
+    assert not ctl.pool.slots[0].up and ctl.pool.slots[1].up
+    assert ctl.counters.server_errors >= 1
+    for g in pushed:
+        for s in g.samples:
+            assert s.output_ids.tolist() == expected_tokens()
+
+
+def test_client_errors_fail_loudly_instead_of_failing_over():
+    async def go():
+        bad = FakeServer("a", status_on_fail=400)
+        bad.dead = True
+        ctl, _ = make([bad, FakeServer("b")], batch=1, group=2, eta=0)
+        task = asyncio.create_task(ctl.admission_loop())
+        await until(lambda: ctl.fatal is not None)
+        await ctl.stop()
+        task.cancel()
+        return ctl
+
+    ctl = asyncio.run(go())
+    assert "400" in str(ctl.fatal) or "connection refused" in str(ctl.fatal)
+    assert ctl.pool.slots[0].up  # a bad request is not the server's fault
+
+
+def test_snapshot_restore_continues_partial_samples_from_saved_tokens(tmp_path):
+    lengths = lambda ids: 20 + 15 * ids[0]  # noqa: E731 - prompt i answers with 17 + 15 (i + 1) tokens
+
+    def expected(index):
+        return expected_tokens(total=lengths([index + 1]))
+
+    async def first():
+        server = FakeServer("a", token_s=0.004, answer_len=lengths)
+        ctl, pushed = make([server], batch=2, group=2, eta=1, max_new=200)
+        task = asyncio.create_task(ctl.admission_loop())
+        await until(lambda: len(pushed) >= 1)
+        ctl.running.clear()
+        await server.pause("abort")
+        await asyncio.sleep(0.1)  # the aborted calls return; partial outputs land in the sample states
+        snap = ctl.snapshot(step=0)
+        await ctl.stop()
+        task.cancel()
+        return snap, pushed
+
+    snap, pushed_before = asyncio.run(first())
+    save_snapshot(snap, tmp_path)
+    loaded = load_snapshot(tmp_path)
+    assert loaded.stream_position == snap.stream_position == 4
+    assert [g.group_id for g in loaded.retained] == [g.group_id for g in snap.retained]
+    partial = {g.data_index: [list(s.output_ids) for s in g.samples] for g in loaded.partial}
+    assert any(0 < len(t) < len(expected(i)) for i, ts in partial.items() for t in ts)
+
+    async def second():
+        server = FakeServer("a", answer_len=lengths)
+        ctl, pushed = make([server], batch=2, group=2, eta=1, max_new=200)
+        resent = ctl.restore(loaded)
+        task = asyncio.create_task(ctl.admission_loop())
+        await until(lambda: {g.data_index for g in pushed} >= set(partial))
+        await ctl.stop()
+        task.cancel()
+        return resent, pushed, server
+
+    resent, pushed, server = asyncio.run(second())
+    assert [g.group_id for g in resent] == [g.group_id for g in loaded.retained]
+    for g in pushed:
+        for s in g.samples:
+            assert s.output_ids.tolist() == expected(g.data_index)
+    # a continuing sample is re-sent as prompt + its saved tokens, not from scratch
+    for index, outputs in partial.items():
+        for tokens in outputs:
+            if tokens:
+                assert any(r.input_ids == [index + 1, index + 2, index + 3] + tokens for r in server.requests)
+    # every admitted prompt is accounted for: pushed before, saved whole, or continued
+    accounted = {g.data_index for g in pushed_before} | {g.data_index for g in loaded.retained} | set(partial)
+    assert accounted == set(range(loaded.stream_position))

@@ -1,0 +1,111 @@
+"""The controller's handshake: every stage is named and bounded; group names are fresh per formation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from areal_jobs.api import BucketSpec, TensorSpec, WeightSender
+from areal_jobs.config import PauseMode
+from areal_jobs.rollout.server_pool import ServerPool
+from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator
+
+
+class Recorder:
+    def __init__(self, name, hang_on=None):
+        self.name, self.hang_on, self.calls = name, hang_on, []
+
+    async def _call(self, what, *args):
+        self.calls.append((what, *args))
+        if what == self.hang_on:
+            await asyncio.sleep(3600)
+
+    async def pause(self, mode):
+        await self._call("pause", mode)
+
+    async def resume(self):
+        await self._call("resume")
+
+    async def init_weights_update_group(self, addr, port, offset, world, name, backend):
+        await self._call("init", offset, world, name)
+
+    async def destroy_weights_update_group(self, name):
+        await self._call("destroy", name)
+
+    async def begin_weight_update(self):
+        await self._call("begin")
+
+    async def update_weights_from_distributed(self, tensors, name, version):
+        await self._call("bucket", name, version, len(tensors))
+
+    async def end_weight_update(self):
+        await self._call("end")
+
+    async def flush_cache(self):
+        await self._call("flush")
+
+
+SENDER = WeightSender(
+    "w", "127.0.0.1", 1, (BucketSpec(0, (TensorSpec("a", "float32", (1,)),)), BucketSpec(1, (TensorSpec("b", "float32", (1,)),)))
+)
+
+
+def orchestrator(clients, timeout_s=5.0):
+    pool = ServerPool()
+    for i, c in enumerate(clients):
+        pool.add(i, c)
+    return WeightUpdateOrchestrator(pool, PauseMode.abort, timeout_s), pool
+
+
+def test_full_sequence_and_rank_offsets():
+    a, b = Recorder("a"), Recorder("b")
+    orch, _ = orchestrator([a, b])
+
+    async def go():
+        await orch.pause(lambda: 0)
+        assert orch.needs_group_init((SENDER,))
+        orch.next_generation()
+        await orch.init_groups((SENDER,), "gloo")
+        assert not orch.needs_group_init((SENDER,))
+        await orch.receive(7, (SENDER,))
+        await orch.resume()
+
+    asyncio.run(go())
+    assert [c[0] for c in a.calls] == ["pause", "init", "begin", "bucket", "bucket", "end", "flush", "resume"]
+    assert a.calls[1] == ("init", 1, 3, "w-1") and b.calls[1] == ("init", 2, 3, "w-1")
+    assert a.calls[3] == ("bucket", "w-1", 7, 1)
+
+
+def test_reformed_groups_get_a_new_name_and_old_ones_are_destroyed():
+    a = Recorder("a")
+    orch, _ = orchestrator([a])
+
+    async def go():
+        for _ in range(2):
+            orch.forget_groups()
+            orch.next_generation()
+            await orch.init_groups((SENDER,), "gloo")
+
+    asyncio.run(go())
+    assert ("destroy", "w-1") in a.calls and ("init", 1, 2, "w-2") in a.calls
+
+
+def test_a_hung_server_fails_the_named_stage_within_the_timeout():
+    orch, _ = orchestrator([Recorder("a"), Recorder("b", hang_on="bucket")], timeout_s=0.5)
+
+    async def go():
+        await orch.receive(3, (SENDER,))
+
+    with pytest.raises(StageError, match=r"weight broadcast bucket 1/2 of sender w to server 1: timed out"):
+        asyncio.run(asyncio.wait_for(go(), 10))
+
+
+def test_a_failing_server_is_reported_with_its_stage():
+    class Broken(Recorder):
+        async def pause(self, mode):
+            raise ConnectionError("server gone")
+
+    orch, _ = orchestrator([Recorder("a"), Broken("b")])
+    with pytest.raises(StageError, match="pause generation on server 1: ConnectionError: server gone"):
+        asyncio.run(orch.pause(lambda: 0))
