@@ -66,7 +66,9 @@ class SimResult:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def group_lengths(lengths: LengthModel, group_size: int, seed: int, data_index: int, attempt: int) -> list[int]:
+def group_lengths(
+    lengths: LengthModel, group_size: int, seed: int, data_index: int, attempt: int
+) -> list[int]:
     """Answer lengths of one prompt: a pure function of (seed, prompt, attempt), so every schedule
     (and every rollout fraction) sees the same workload."""
     rng = np.random.default_rng((seed, data_index, attempt))
@@ -100,7 +102,15 @@ class _Meter:
     def done(self) -> bool:
         return self.steps >= self.total
 
-    def step(self, t_end: float, farm: ServerFarm, batch: list[SimGroup], version: int, gen_s: float, train_s: float):
+    def step(
+        self,
+        t_end: float,
+        farm: ServerFarm,
+        batch: list[SimGroup],
+        version: int,
+        gen_s: float,
+        train_s: float,
+    ):
         self.steps += 1
         if self.steps == self.warmup:
             self.t0, self.busy0 = t_end, farm.busy_server_s
@@ -127,6 +137,7 @@ class _Meter:
             staleness_mean=float(np.mean(self.lags)),
             staleness_max=int(max(self.lags)),
             rollout_busy=(self.busy1 - self.busy0) / (farm.num_servers * wall),
+            extra={"trained_groups": float(self.total * p.algo.batch_size)},
             **kw,
         )
 
@@ -156,8 +167,7 @@ def run_async(p: SimProfile, rollout_fraction: float | None = None) -> SimResult
             lens = group_lengths(p.lengths, G, p.run.seed, index, attempt)
             group = SimGroup(next_key, index, attempt, version, lens, remaining=G)
             running[next_key] = group
-            for i, n in enumerate(lens):
-                farm.submit(t, next_key * G + i, n)
+            _submit_group(farm, t, group, G)
             next_key += 1
 
     def try_start_step() -> None:
@@ -231,24 +241,25 @@ def run_sync(p: SimProfile, rollout_fraction: float | None = None, colocated: bo
             for k in range(first, first + B)
         ]
         pending = list(reversed(batch))
-
-        def submit_next() -> None:
-            group = pending.pop()
-            for i, n in enumerate(group.lengths):
-                farm.submit(t, group.key * G + i, n)
-
         for _ in range(min(max_running, B)):
-            submit_next()
+            _submit_group(farm, t, pending.pop(), G)
         while farm.in_flight:
             t = farm.next_time()
             for seq in farm.pop_finished(t):
                 group = batch[seq // G - first]
                 group.remaining -= 1
-                if group.remaining == 0 and pending:
-                    submit_next()
+                if group.remaining == 0 and pending:  # a slot freed: the next group starts
+                    _submit_group(farm, t, pending.pop(), G)
         gen_s = t - t_start
-        train_s = train_time_s(batch, p.lengths.prompt_tokens, trainer_gpus, p.trainer) + p.trainer.weight_sync_s
+        train_s = (
+            train_time_s(batch, p.lengths.prompt_tokens, trainer_gpus, p.trainer) + p.trainer.weight_sync_s
+        )
         t += train_s
         version += 1
         meter.step(t, farm, batch, version - 1, gen_s, train_s)
     return meter.result("colocated" if colocated else "sync", p, rollout_gpus, trainer_gpus, farm)
+
+
+def _submit_group(farm: ServerFarm, t: float, group: SimGroup, group_size: int) -> None:
+    for i, n in enumerate(group.lengths):
+        farm.submit(t, group.key * group_size + i, n)

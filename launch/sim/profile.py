@@ -54,8 +54,12 @@ class RolloutSpeed:
 
     def check(self) -> None:
         if len(self.batch_sizes) != len(self.tokens_per_s) or not self.batch_sizes:
-            raise ValueError("rollout.batch_sizes and rollout.tokens_per_s must be non-empty and the same length")
-        if self.batch_sizes[0] < 1 or any(b >= c for b, c in zip(self.batch_sizes, self.batch_sizes[1:])):
+            raise ValueError(
+                "rollout.batch_sizes and rollout.tokens_per_s must be non-empty and the same length"
+            )
+        if self.batch_sizes[0] < 1 or any(
+            b >= c for b, c in zip(self.batch_sizes, self.batch_sizes[1:], strict=False)
+        ):
             raise ValueError("rollout.batch_sizes must be increasing and start at >= 1")
         if any(v <= 0 for v in self.tokens_per_s):
             raise ValueError("rollout.tokens_per_s must be > 0")
@@ -104,7 +108,9 @@ class LengthModel:
         if not 0 < self.min_tokens <= self.median_tokens <= self.max_tokens:
             raise ValueError("lengths: need 0 < min_tokens <= median_tokens <= max_tokens")
         if self.prompt_sigma < 0 or self.sample_sigma < 0 or self.prompt_tokens < 1:
-            raise ValueError("lengths.prompt_sigma, lengths.sample_sigma must be >= 0; lengths.prompt_tokens >= 1")
+            raise ValueError(
+                "lengths.prompt_sigma, lengths.sample_sigma must be >= 0; lengths.prompt_tokens >= 1"
+            )
 
 
 @dataclass
@@ -155,7 +161,9 @@ class SimProfile:
         frac = c.rollout_fraction if rollout_fraction is None else rollout_fraction
         rollout_nodes = math.floor(c.nodes * frac + 1e-9)
         if not 1 <= rollout_nodes < c.nodes:
-            raise ValueError(f"cluster.rollout_fraction={frac} of cluster.nodes={c.nodes} leaves a role without nodes")
+            raise ValueError(
+                f"cluster.rollout_fraction={frac} of cluster.nodes={c.nodes} leaves a role without nodes"
+            )
         return rollout_nodes * c.gpus_per_node, (c.nodes - rollout_nodes) * c.gpus_per_node
 
 
