@@ -267,7 +267,11 @@ class ClusterConfig:
     kind: ClusterKind = ClusterKind.local
     nodes: int = 1  # total nodes of the heterogeneous job (rollout + trainer)
     gpus_per_node: int = 8  # GPUs requested on every node (--gres=gpu:N)
-    rollout_fraction: float = 0.75  # share of nodes that run rollout servers (rounded down)
+    # share of nodes that run rollout servers (rounded down), or "auto": launch.plan_allocation
+    # simulates the job under `allocation_profile` and picks the split with the highest throughput.
+    # A string so that "auto" is accepted; numbers are normalised and checked in __post_init__.
+    rollout_fraction: str = "0.75"
+    allocation_profile: str = "paper_1p5b"  # conf/sim/<name>.yaml (or a path) used by rollout_fraction=auto
     servers_per_node: int = 0  # rollout servers per node; 0 = gpus_per_node / rollout.tp_size
     partition: str = ""  # --partition; empty = the cluster's default partition
     account: str = ""  # --account; empty = the user's default account
@@ -290,8 +294,7 @@ class ClusterConfig:
             raise ValueError("cluster.nodes must be >= 1")
         if self.gpus_per_node < 1:
             raise ValueError("cluster.gpus_per_node must be >= 1")
-        if not 0.0 < self.rollout_fraction < 1.0:
-            raise ValueError("cluster.rollout_fraction must be in (0, 1), e.g. cluster.rollout_fraction=0.75")
+        self.rollout_fraction = _fraction_text(self.rollout_fraction)
         if self.servers_per_node < 0:
             raise ValueError("cluster.servers_per_node must be >= 0 (0 = gpus_per_node / rollout.tp_size)")
         if self.cpus_per_task < 1:
@@ -308,6 +311,34 @@ class ClusterConfig:
         bad = [key for key in self.nccl_env if not _ENV_NAME.match(key)]
         if bad:
             raise ValueError(f"cluster.nccl_env has keys that are not environment variable names: {bad}")
+
+    @property
+    def rollout_fraction_auto(self) -> bool:
+        return self.rollout_fraction == "auto"
+
+    @property
+    def rollout_share(self) -> float:
+        """The numeric rollout fraction; `auto` must have been resolved (launch.plan does it)."""
+        if self.rollout_fraction_auto:
+            raise ValueError(
+                "cluster.rollout_fraction=auto is resolved by launch.plan.plan_job, not read directly"
+            )
+        return float(self.rollout_fraction)
+
+
+def _fraction_text(value: object) -> str:
+    """Normalise to the text "auto" or a number in (0, 1) ("0.75"); anything else names the override."""
+    if value == "auto":
+        return "auto"
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not 0.0 < number < 1.0:
+        raise ValueError(
+            f"cluster.rollout_fraction={value!r} must be in (0, 1) or auto, e.g. cluster.rollout_fraction=0.75"
+        )
+    return repr(number)
 
 
 @dataclass

@@ -5,6 +5,11 @@ of rollout servers (one per `rollout.tp_size` GPUs); group 1 gets the rest: one 
 (Megatron TP x PP x DP, DP derived) plus the rollout controller on its first node. Every layout
 that cannot run raises ValueError naming the override to change.
 
+`cluster.rollout_fraction=auto`: `plan_job` first asks the simulator (launch/plan_allocation.py,
+the one step here that reads a file: the profile conf/sim/<cluster.allocation_profile>.yaml) for the
+split with the highest throughput among layouts this planner accepts; `apply_plan` writes the
+chosen number into the config the roles read.
+
 Worked example (conf/experiment/math_qwen2_1p5b.yaml): 64 nodes x 8 GPUs, fraction 0.75, rollout
 TP 1, trainer TP 1 x PP 1 -> 48 rollout nodes (384 GPUs, 384 servers) + 16 trainer nodes
 (128 GPUs, DP 128).
@@ -13,6 +18,7 @@ TP 1, trainer TP 1 x PP 1 -> 48 rollout nodes (384 GPUs, 384 servers) + 16 train
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 
@@ -25,6 +31,8 @@ from areal_jobs.config import (
     TrainerConfig,
     WeightSyncConfig,
 )
+
+logger = logging.getLogger(__name__)
 
 # Ports used when the config leaves them at 0 ("any free port" only works on one machine).
 DEFAULT_SERVER_BASE_PORT = 30000
@@ -49,6 +57,7 @@ class AllocationPlan:
     controller_port: int  # trajectories; control channel on controller_port + 1
     weight_sync_port: int  # store of the weight-broadcast group, on the first trainer node
     trainer_master_port: int  # torch.distributed MASTER_PORT of the trainer ranks
+    rollout_fraction: float = 0.0  # the split used (resolved when cluster.rollout_fraction=auto)
 
     @property
     def nodes(self) -> int:
@@ -89,7 +98,7 @@ def split_nodes(cluster: ClusterConfig) -> tuple[int, int]:
             "trainer node: set cluster.nodes>=2 (or cluster=local to run on this machine)"
         )
     # the epsilon keeps 30 * 0.7 = 20.999... from rounding down to 20
-    rollout_nodes = math.floor(cluster.nodes * cluster.rollout_fraction + 1e-9)
+    rollout_nodes = math.floor(cluster.nodes * cluster.rollout_share + 1e-9)
     if rollout_nodes < 1:
         raise ValueError(
             f"cluster.rollout_fraction={cluster.rollout_fraction} of cluster.nodes={cluster.nodes} leaves no "
@@ -204,12 +213,23 @@ def plan_allocation(
         controller_port=rollout.controller_port or DEFAULT_CONTROLLER_PORT,
         weight_sync_port=weight_sync.master_port or DEFAULT_WEIGHT_SYNC_PORT,
         trainer_master_port=cluster.master_port,
+        rollout_fraction=cluster.rollout_share,
     )
     _check_ports(plan, cluster.loopback)
     return plan
 
 
 def plan_job(job: JobConfig) -> AllocationPlan:
+    if job.cluster.rollout_fraction_auto:
+        from launch.plan_allocation import resolve_rollout_fraction
+
+        fraction, choice = resolve_rollout_fraction(job)
+        logger.info(
+            "cluster.rollout_fraction=auto: %s", choice.explain(job.cluster.nodes).rsplit("\n", 1)[-1]
+        )
+        job = dataclasses.replace(
+            job, cluster=dataclasses.replace(job.cluster, rollout_fraction=repr(fraction))
+        )
     return plan_allocation(
         cluster=job.cluster,
         rollout=job.rollout,
@@ -234,4 +254,5 @@ def apply_plan(job: JobConfig, plan: AllocationPlan) -> JobConfig:
             job.trainer, tp_size=plan.trainer_tp, pp_size=plan.trainer_pp, dp_size=plan.trainer_dp
         ),
         weight_sync=replace(job.weight_sync, master_port=plan.weight_sync_port),
+        cluster=replace(job.cluster, rollout_fraction=repr(plan.rollout_fraction)),
     )
