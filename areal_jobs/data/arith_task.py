@@ -23,6 +23,7 @@ from areal_jobs.api import RewardResult, RewardStatus
 
 MAX_STEPS = 20
 MODULUS = 10
+MAX_OPERAND = 3  # operands 1..3: 60 arithmetic facts, learnable by a tiny model in a short warm start
 _LABELS = string.ascii_lowercase[:MAX_STEPS]
 _STEP_WEIGHTS = [k**-1.5 for k in range(1, MAX_STEPS + 1)]
 _ANSWER_RE = re.compile(r"The answer is (-?\d+)\.")
@@ -42,7 +43,7 @@ def problem_at(seed: int, index: int) -> ArithProblem:
     rng = random.Random(seed * 1_000_000_007 + index)
     num_steps = rng.choices(range(1, MAX_STEPS + 1), weights=_STEP_WEIGHTS)[0]
     start = value = rng.randint(0, MODULUS - 1)
-    ops = [(rng.choice("+-"), rng.randint(1, 9)) for _ in range(num_steps)]
+    ops = [(rng.choice("+-"), rng.randint(1, MAX_OPERAND)) for _ in range(num_steps)]
     steps = []
     for label, (sign, operand) in zip(_LABELS, ops):
         new = (value + operand if sign == "+" else value - operand) % MODULUS

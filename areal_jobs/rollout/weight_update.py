@@ -6,6 +6,8 @@
 Each stage runs under `step_timeout_s`; when one fails or times out, `StageError` names it
 ("weight broadcast bucket 3/7 of sender s0 to server 2"), the controller reports UpdateFailed
 to the trainer and exits non-zero so the scheduler can restart the job. Never a silent hang.
+A server that fails while pausing or resuming (before or after the broadcast group is formed)
+is only marked down: the update goes on with the others, and the server rejoins later.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class WeightUpdateOrchestrator:
         if self.pause_mode is PauseMode.drain:
             await run_stage("drain in-flight requests", _wait_zero(in_flight), self.step_timeout_s)
             return
-        await self._each_server("pause generation", lambda s: s.client.pause(self.pause_mode.value))
+        await self._each_server("pause generation", lambda s: s.client.pause(self.pause_mode.value), tolerate=True)
 
     def needs_group_init(self, senders: tuple[WeightSender, ...]) -> bool:
         return self._group_key != self._key(senders)
@@ -123,17 +125,24 @@ class WeightUpdateOrchestrator:
     async def resume(self) -> None:
         if self.pause_mode is PauseMode.drain:
             return
-        await self._each_server("resume generation", lambda s: s.client.resume())
+        await self._each_server("resume generation", lambda s: s.client.resume(), tolerate=True)
 
-    async def _each_server(self, what: str, call: Callable[[ServerSlot], Awaitable]) -> None:
+    async def _each_server(self, what: str, call: Callable[[ServerSlot], Awaitable], tolerate: bool = False) -> None:
+        """Run one stage on every up server at once. `tolerate`: a server that fails is marked down
+        (the group is re-formed without it) as long as another server is left."""
         slots = self.pool.up_slots
         results = await asyncio.gather(
             *(run_stage(f"{what} on server {s.index}", call(s), self.step_timeout_s) for s in slots),
             return_exceptions=True,
         )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+        failed = [(s, r) for s, r in zip(slots, results) if isinstance(r, BaseException)]
+        if tolerate and failed and len(failed) < len(slots):
+            for slot, error in failed:
+                self.pool.mark_down(slot.index, str(error))
+            self.forget_groups()
+            return
+        if failed:
+            raise failed[0][1]
 
 
 async def _wait_zero(in_flight: Callable[[], int], poll_s: float = 0.02) -> None:

@@ -1,7 +1,8 @@
 """Megatron-Core GPTModel from a Hugging Face config: Llama, Qwen2 and Qwen3 families.
 
 The layer spec is TransformerEngine's when CUDA and TE are both present (fused norms and
-linears, THD packed attention) and Megatron's local spec otherwise (CPU, or GPU without TE).
+linears, THD packed attention) and Megatron's local spec otherwise (CPU, or GPU without TE),
+with its core attention computed by torch's fused scaled_dot_product_attention.
 Megatron initialises the weights; the backend then copies them in from the HF checkpoint.
 """
 
@@ -20,6 +21,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -91,10 +93,50 @@ def transformer_config(
     )
 
 
+class SdpaDotProductAttention(DotProductAttention):
+    """Megatron's local core attention, computed by torch's fused scaled_dot_product_attention.
+
+    Same contract as DotProductAttention: query [s, b, heads, d], key/value [s, b, groups, d],
+    bool mask [b, 1, s, s] with True = masked; returns [s, b, heads * d]. The stock version
+    materialises the [b, heads, s, s] scores, repeats K/V per group and runs softmax and mask
+    as separate passes; with packed micro-batches s is the whole micro-batch, and on CPU a
+    train step of the built-in model took 2.8x as long as with the fused kernel.
+    """
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ):
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("packed (THD) attention and attention bias need the TransformerEngine spec")
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads or groups, s, d]
+        context = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=None if attention_mask is None else ~attention_mask,
+            is_causal=attention_mask is None,
+            dropout_p=self.config.attention_dropout if self.training else 0.0,
+            scale=self.softmax_scale,
+            enable_gqa=True,
+        )
+        return context.permute(2, 0, 1, 3).reshape(
+            query.shape[0], query.shape[1], self.hidden_size_per_partition
+        )
+
+
 def layer_spec(dims: ModelDims, *, use_te: bool) -> ModuleSpec:
     if use_te:
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_norm)
-    return get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention
+    return spec
 
 
 def build_gpt(dims: ModelDims, config: TransformerConfig, *, use_te: bool) -> GPTModel:

@@ -8,8 +8,12 @@ policy version in its batch, and the trainer's version when it trained on it.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,14 +25,34 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
 
 
-def run_local(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> Path:
-    cmd = [
+def local_cmd(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> list[str]:
+    return [
         sys.executable, "-m", "launch.local",
         f"run.name={name}", f"run.root={tmp_path}", f"model.path={model_dir}",
         "algo.batch_size=2", "algo.group_size=2", "rollout.max_new_tokens=32",
         "data.num_eval_prompts=4", "run.eval_every_steps=2", "run.tensorboard=false",
         *overrides,
     ]  # fmt: skip
+
+
+def start_local(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> subprocess.Popen:
+    cmd = local_cmd(tmp_path, model_dir, name, *overrides)
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_steps(run_dir: Path, steps: int, proc: subprocess.Popen, timeout_s: float = 900) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() and sum('"train/version"' in line for line in metrics.read_text().splitlines()) >= steps:
+            return time.monotonic()
+        assert proc.poll() is None, f"launch.local exited early: {proc.stdout.read()[-3000:]}"
+        time.sleep(0.5)
+    raise TimeoutError(f"{steps} steps not reached in {timeout_s}s")
+
+
+def run_local(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> Path:
+    cmd = local_cmd(tmp_path, model_dir, name, *overrides)
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     run_dir = tmp_path / name
     if result.returncode != 0:
@@ -63,12 +87,25 @@ def test_async_run_respects_eta_and_interrupts(tmp_path, tiny_model_dir):
         assert (run_dir / "logs" / log).exists(), log
 
 
-def test_eta_zero_trains_only_on_the_current_version(tmp_path, tiny_model_dir):
-    run_dir = run_local(tmp_path, tiny_model_dir, "eta0", "algo.max_staleness=0", "trainer.total_steps=4")
+def test_eta_zero_is_synchronous_and_a_preempted_run_resumes_the_same_prompt_sequence(tmp_path, tiny_model_dir):
+    """SIGUSR1 after step 2: the trainer checkpoints and exits 0 (launcher code 3); the same command
+    resumes. With eta = 0 the prompt sequence is fixed, step s trains prompts 2(s-1) and 2(s-1)+1,
+    exactly as an uninterrupted run would, and every token was sampled under the trained version."""
+    args = ("algo.max_staleness=0", "trainer.total_steps=5", "checkpoint.every_steps=0")
+    proc = start_local(tmp_path, tiny_model_dir, "eta0", *args)
+    wait_for_steps(tmp_path / "eta0", 2, proc)
+    os.kill(json.loads((tmp_path / "eta0" / "pids.json").read_text())["trainer"], signal.SIGUSR1)
+    assert proc.wait(timeout=600) == 3, proc.stdout.read()
+    trainer_log = (tmp_path / "eta0" / "logs" / "trainer.log").read_text()
+    assert re.search(r"checkpoint saved at step [23]\b", trainer_log)
+    assert not (tmp_path / "eta0" / "summary.json").exists()
+    run_dir = run_local(tmp_path, tiny_model_dir, "eta0", *args)
+    assert "resumed from checkpoint at step" in (run_dir / "logs" / "trainer.log").read_text()
     rows = ledger(run_dir)
-    assert len(rows) == 4
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     for r in rows:
         assert r["oldest_version"] == r["trained_at_version"] == r["step"] - 1
         assert r["max_staleness"] == 0
+        assert sorted(r["data_indices"]) == [2 * (r["step"] - 1), 2 * (r["step"] - 1) + 1]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["max_staleness_seen"] == 0
+    assert summary["max_staleness_seen"] == 0 and summary["resumed"] is True and summary["steps"] == 5

@@ -106,6 +106,19 @@ def test_a_failing_server_is_reported_with_its_stage():
         async def pause(self, mode):
             raise ConnectionError("server gone")
 
-    orch, _ = orchestrator([Recorder("a"), Broken("b")])
-    with pytest.raises(StageError, match="pause generation on server 1: ConnectionError: server gone"):
+    orch, pool = orchestrator([Recorder("a"), Broken("b")])
+    asyncio.run(orch.pause(lambda: 0))  # one server left: the update goes on without the broken one
+    assert pool.slots[0].up and not pool.slots[1].up
+    orch, _ = orchestrator([Broken("a"), Broken("b")])
+    with pytest.raises(StageError, match="pause generation on server 0: ConnectionError: server gone"):
         asyncio.run(orch.pause(lambda: 0))
+
+
+def test_failures_after_the_group_is_formed_are_fatal():
+    class Broken(Recorder):
+        async def begin_weight_update(self):
+            raise ConnectionError("server gone")
+
+    orch, _ = orchestrator([Recorder("a"), Broken("b")])
+    with pytest.raises(StageError, match="begin weight update on server 1"):
+        asyncio.run(orch.receive(1, (SENDER,)))
