@@ -5,7 +5,8 @@ weights) on one synthetic batch shaped like the built-in task: 8 groups of 8 ans
 groups). Tokens/s = batch tokens (prompt + output) / wall time of `train_step` (proximal
 log-probs, forward/backward over the balanced micro-batches, optimizer step), median over the
 timed steps after one warm-up step. Each backend runs in its own spawned process with one torch
-thread: Megatron's CPU compatibility layer is process-wide and must not slow the torch backend.
+thread (Megatron's CPU compatibility layer is process-wide and must not touch the torch
+backend), and their timed steps alternate, so load from other work on the machine hits both.
 The first-step losses of the two must agree (`trainer/bench_first_loss_abs_diff`), so a fast but
 wrong backend cannot look good.
 
@@ -14,6 +15,7 @@ Run: `python -m bench.trainer_bench [--quick]`.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import statistics
 import sys
@@ -69,7 +71,8 @@ def make_batch(num_groups: int, vocab_size: int):
     return TrainBatch(version=0, samples=samples, group_ids=[f"g{g}" for g in range(num_groups)])
 
 
-def _measure(kind: str, model_dir: str, num_groups: int, steps: int, results) -> None:
+def _serve_steps(kind: str, model_dir: str, num_groups: int, conn) -> None:
+    """Child process: set the backend up, take a warm-up step, then one timed step per "step"."""
     import torch
 
     torch.set_num_threads(1)
@@ -79,47 +82,64 @@ def _measure(kind: str, model_dir: str, num_groups: int, steps: int, results) ->
         from areal_jobs.trainer.megatron_backend import MegatronBackend as Backend
     else:
         from areal_jobs.trainer.torch_backend import TorchBackend as Backend
-    backend = Backend(trainer, AlgoConfig(), model_dir, DType.float32)
-    backend.setup()  # Megatron: a lone process forms its own one-rank gloo/NCCL group
     from areal_jobs.data.tiny_model import TinyRecipe
 
+    backend = Backend(trainer, AlgoConfig(), model_dir, DType.float32)
+    backend.setup()  # Megatron: a lone process forms its own one-rank gloo/NCCL group
     batch = make_batch(num_groups, TinyRecipe().vocab_size)
     first_loss = backend.train_step(batch)["train/loss"]  # warm-up
-    times = []
-    for _ in range(steps):
+    conn.send((sum(len(s.input_ids) for s in batch.samples), first_loss))
+    while conn.recv() == "step":
         t0 = time.perf_counter()
         backend.train_step(batch)
-        times.append(time.perf_counter() - t0)
-    tokens = sum(len(s.input_ids) for s in batch.samples)
-    results.put((kind, tokens, statistics.median(times), first_loss))
+        conn.send(time.perf_counter() - t0)
 
 
-def _run_isolated(kind: str, model_dir: str, num_groups: int, steps: int) -> tuple[int, float, float]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(kind, model_dir, num_groups, steps, results))
-    proc.start()
-    try:
-        _, tokens, step_s, first_loss = results.get(timeout=TIMEOUT_S)
-    except Exception as exc:  # queue.Empty or a dead child: name the backend that failed
+def _reply(kind: str, conn, proc) -> object:
+    if not conn.poll(TIMEOUT_S):
         raise RuntimeError(
-            f"trainer bench: the {kind} backend gave no result (exit code {proc.exitcode})"
-        ) from exc
+            f"trainer bench: the {kind} backend gave no answer in {TIMEOUT_S:.0f}s (exit {proc.exitcode})"
+        )
+    return conn.recv()
+
+
+def _interleaved(model_dir: str, num_groups: int, steps: int) -> dict[str, tuple[int, float, float]]:
+    """Both backends in their own processes, timed steps alternating between them, so a noisy
+    shared machine slows both alike. Returns kind -> (batch tokens, median step s, first loss)."""
+    ctx = mp.get_context("spawn")
+    workers = {}
+    try:
+        for kind in ("torch", "megatron"):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve_steps, args=(kind, model_dir, num_groups, child))
+            proc.start()
+            workers[kind] = (parent, proc)
+        ready = {kind: _reply(kind, conn, proc) for kind, (conn, proc) in workers.items()}
+        times: dict[str, list[float]] = {kind: [] for kind in workers}
+        for _ in range(steps):
+            for kind, (conn, proc) in workers.items():
+                conn.send("step")
+                times[kind].append(float(_reply(kind, conn, proc)))
+        return {k: (ready[k][0], statistics.median(times[k]), ready[k][1]) for k in workers}
     finally:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10)
-    return tokens, step_s, first_loss
+        for conn, proc in workers.values():
+            if proc.is_alive():
+                with contextlib.suppress(OSError):  # the child may be gone already
+                    conn.send("stop")
+                proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
 
 
 def run(quick: bool = False) -> dict[str, float]:
     """Trainer tokens/s of the torch and Megatron backends on the same batch and weights."""
-    num_groups, steps = (2, 2) if quick else (8, 3)
+    num_groups, steps = (2, 2) if quick else (8, 5)
     with tempfile.TemporaryDirectory(prefix="trainer_bench_") as tmp:
         model_dir = str(build_model(Path(tmp) / "model"))
-        tokens, torch_s, torch_loss = _run_isolated("torch", model_dir, num_groups, steps)
-        _, megatron_s, megatron_loss = _run_isolated("megatron", model_dir, num_groups, steps)
+        results = _interleaved(model_dir, num_groups, steps)
+    tokens, torch_s, torch_loss = results["torch"]
+    _, megatron_s, megatron_loss = results["megatron"]
     return {
         "trainer/bench_batch_tokens": float(tokens),
         "trainer/torch_tokens_per_s": tokens / torch_s,
