@@ -200,7 +200,9 @@ class TrainerConfig:
         if self.max_tokens_per_microbatch < 16:
             raise ValueError("trainer.max_tokens_per_microbatch must be >= 16")
         if self.megatron_vocab_multiple % self.tp_size:  # megatron: padded vocab splits evenly over TP
-            raise ValueError(f"trainer.megatron_vocab_multiple must be a multiple of trainer.tp_size={self.tp_size}")
+            raise ValueError(
+                f"trainer.megatron_vocab_multiple must be a multiple of trainer.tp_size={self.tp_size}"
+            )
 
 
 @dataclass
@@ -237,7 +239,9 @@ class RewardConfig:
         if self.num_workers < 1:
             raise ValueError("reward.num_workers must be >= 1")
         if self.code_sandbox_uid == 0 or self.code_sandbox_gid == 0:
-            raise ValueError("reward.code_sandbox_uid/gid=0 would run untrusted code as root: use 65534 (nobody)")
+            raise ValueError(
+                "reward.code_sandbox_uid/gid=0 would run untrusted code as root: use 65534 (nobody)"
+            )
         if self.timeout_s <= self.code_wall_timeout_s:
             raise ValueError(
                 "reward.timeout_s must exceed reward.code_wall_timeout_s (a call includes its sandbox run): "
@@ -379,7 +383,6 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
-
 
 
 def register_configs() -> None:

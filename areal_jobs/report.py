@@ -10,7 +10,14 @@ from areal_jobs.metrics import read_jsonl
 
 logger = logging.getLogger(__name__)
 
-FINAL_KEYS = ("accuracy_start", "accuracy_end", "steps", "wall_s", "max_staleness_seen", "interrupted_requests")
+FINAL_KEYS = (
+    "accuracy_start",
+    "accuracy_end",
+    "steps",
+    "wall_s",
+    "max_staleness_seen",
+    "interrupted_requests",
+)
 
 
 def final_line(summary: dict) -> str:

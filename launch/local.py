@@ -70,7 +70,9 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> bool:
 def ensure_model(cfg: JobConfig) -> None:
     if cfg.model.path:
         if not (Path(cfg.model.path) / "config.json").exists():
-            raise SystemExit(f"model.path={cfg.model.path} has no config.json: point it at a Hugging Face model directory")
+            raise SystemExit(
+                f"model.path={cfg.model.path} has no config.json: point it at a Hugging Face model directory"
+            )
         return
     from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
 
@@ -114,20 +116,34 @@ def launch(cfg: JobConfig) -> int:
     ensure_model(cfg)
     config_path = run_dir / "config.yaml"
     save_job_config(cfg, config_path)
-    env = dict(os.environ, AREAL_JOB_TOKEN=cfg.run.token or secrets.token_hex(16), AREAL_JOB_START_TIME=str(t0))
+    env = dict(
+        os.environ, AREAL_JOB_TOKEN=cfg.run.token or secrets.token_hex(16), AREAL_JOB_START_TIME=str(t0)
+    )
     env.setdefault("AREAL_BIND_HOST", "127.0.0.1")
     env.setdefault("OMP_NUM_THREADS", str(cfg.trainer.threads))
     logs = run_dir / "logs"
 
     def start_server(i: int) -> Role:
-        return start_role(f"server{i}", "areal_jobs.rollout.server", config_path, env, logs / f"server-{i}.log", "--index", str(i))
+        return start_role(
+            f"server{i}",
+            "areal_jobs.rollout.server",
+            config_path,
+            env,
+            logs / f"server-{i}.log",
+            "--index",
+            str(i),
+        )
 
     servers = [start_server(i) for i in range(cfg.rollout.num_servers)]
-    controller = start_role("controller", "areal_jobs.rollout.main", config_path, env, logs / "controller.log")
+    controller = start_role(
+        "controller", "areal_jobs.rollout.main", config_path, env, logs / "controller.log"
+    )
     trainer = start_role("trainer", "areal_jobs.trainer.main", config_path, env, logs / "trainer.log")
     roles = [*servers, controller, trainer]
     try:
-        failed = _watch(roles, servers, start_server, cfg.rollout.max_server_restarts, run_dir, cfg.trainer.total_steps)
+        failed = _watch(
+            roles, servers, start_server, cfg.rollout.max_server_restarts, run_dir, cfg.trainer.total_steps
+        )
     except KeyboardInterrupt:
         failed = "interrupted"
     finally:
@@ -136,7 +152,9 @@ def launch(cfg: JobConfig) -> int:
         logger.error("run failed: %s. Run the same command again to resume from the last checkpoint.", failed)
         return 1
     if not (run_dir / "summary.json").exists():
-        logger.warning("the trainer checkpointed and stopped (preempted); run the same command again to resume")
+        logger.warning(
+            "the trainer checkpointed and stopped (preempted); run the same command again to resume"
+        )
         return 3
     summary = json.loads((run_dir / "summary.json").read_text())
     print(final_line(summary), flush=True)
@@ -144,7 +162,9 @@ def launch(cfg: JobConfig) -> int:
     return 0
 
 
-def _watch(roles: list[Role], servers: list[Role], restart, max_restarts: int, run_dir: Path, total_steps: int) -> str | None:
+def _watch(
+    roles: list[Role], servers: list[Role], restart, max_restarts: int, run_dir: Path, total_steps: int
+) -> str | None:
     """Progress bar until the trainer exits; restarts dead servers; returns why the run failed."""
     from tqdm import tqdm
 
@@ -177,8 +197,16 @@ def _watch(roles: list[Role], servers: list[Role], restart, max_restarts: int, r
                 if code is None:
                     continue
                 if server.restarts >= max_restarts:
-                    return f"{server.name} died {server.restarts + 1} times (last code {code}); see {server.log}"
-                logger.warning("%s exited with code %s; restarting it (%d/%d)", server.name, code, server.restarts + 1, max_restarts)
+                    return (
+                        f"{server.name} died {server.restarts + 1} times (last code {code}); see {server.log}"
+                    )
+                logger.warning(
+                    "%s exited with code %s; restarting it (%d/%d)",
+                    server.name,
+                    code,
+                    server.restarts + 1,
+                    max_restarts,
+                )
                 fresh = restart(i)
                 fresh.restarts = server.restarts + 1
                 servers[i] = roles[roles.index(server)] = fresh

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
 
 from areal_jobs.config import DataConfig, Dataset
 from areal_jobs.data import arith_task
@@ -73,7 +72,9 @@ def _row_from_json(dataset: Dataset, obj: dict) -> Row:
     raise ValueError(f"{dataset} is not a file dataset")
 
 
-def load_rows(dataset: Dataset, path: str, encode: Encode, max_prompt_tokens: int) -> tuple[list[Row], LoadReport]:
+def load_rows(
+    dataset: Dataset, path: str, encode: Encode, max_prompt_tokens: int
+) -> tuple[list[Row], LoadReport]:
     rows, report = [], LoadReport()
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -86,7 +87,9 @@ def load_rows(dataset: Dataset, path: str, encode: Encode, max_prompt_tokens: in
                 report.skipped.append(f"{path}:{lineno}: {type(exc).__name__}: {exc}")
                 continue
             if len(encode(row.text)) > max_prompt_tokens:
-                report.skipped.append(f"{path}:{lineno}: prompt longer than data.max_prompt_tokens={max_prompt_tokens}")
+                report.skipped.append(
+                    f"{path}:{lineno}: prompt longer than data.max_prompt_tokens={max_prompt_tokens}"
+                )
                 continue
             rows.append(row)
     for entry in report.skipped[:20]:

@@ -22,7 +22,9 @@ logger = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|endoftext|>"
 SFT_SEED = 7
-_SFT_MICROBATCH_TOKENS = 512  # the warm-start stream is disjoint from RL training (data.seed) and eval streams
+_SFT_MICROBATCH_TOKENS = (
+    512  # the warm-start stream is disjoint from RL training (data.seed) and eval streams
+)
 
 
 @dataclass(frozen=True)

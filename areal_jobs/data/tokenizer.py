@@ -15,7 +15,9 @@ class TextTokenizer:
 
         file = Path(path) / "tokenizer.json"
         if not file.exists():
-            raise FileNotFoundError(f"{file} not found: model.path must be a Hugging Face directory with tokenizer.json")
+            raise FileNotFoundError(
+                f"{file} not found: model.path must be a Hugging Face directory with tokenizer.json"
+            )
         self._tok = Tokenizer.from_file(str(file))
 
     def encode(self, text: str) -> list[int]:

@@ -54,8 +54,8 @@ class RolloutController:
         pool: ServerPool,
         scorer: RewardScorer,
         stream: PromptStream,
-        decode: "callable",
-        push: "callable",
+        decode: callable,
+        push: callable,
     ) -> None:
         self.rollout = rollout
         self.algo = algo
@@ -64,7 +64,9 @@ class RolloutController:
         self.stream = stream
         self.decode = decode  # token ids -> text, for the reward functions
         self.push = push  # async: TrajectoryGroup -> None
-        self.staleness = StalenessManager(algo.batch_size, algo.max_staleness, max(1, rollout.max_concurrent // algo.group_size))
+        self.staleness = StalenessManager(
+            algo.batch_size, algo.max_staleness, max(1, rollout.max_concurrent // algo.group_size)
+        )
         self.version = 0
         self.counters = RolloutCounters()
         self.running = asyncio.Event()  # set: samples may send requests; cleared during updates
@@ -97,7 +99,7 @@ class RolloutController:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _start_group(self, prompt: Prompt, attempt: int, states: list[SampleState] | None = None) -> None:
@@ -105,7 +107,9 @@ class RolloutController:
         group_id = f"g{prompt.data_index}" + (f"r{attempt}" if attempt else "")
         states = states or [SampleState(f"{group_id}/{i}") for i in range(self.algo.group_size)]
         self.in_progress[group_id] = PartialGroup(prompt.data_index, attempt, states)
-        task = asyncio.create_task(self._run_group(prompt, group_id, states), name=f"group-{prompt.data_index}")
+        task = asyncio.create_task(
+            self._run_group(prompt, group_id, states), name=f"group-{prompt.data_index}"
+        )
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 

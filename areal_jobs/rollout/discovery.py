@@ -48,7 +48,9 @@ def read_servers(run_dir: Path) -> list[ServerRecord]:
     for path in sorted(servers_dir(run_dir).glob("*.json")):
         try:
             raw = json.loads(path.read_text())
-            records.append(ServerRecord(int(raw["index"]), str(raw["host"]), int(raw["port"]), int(raw.get("pid", 0))))
+            records.append(
+                ServerRecord(int(raw["index"]), str(raw["host"]), int(raw["port"]), int(raw.get("pid", 0)))
+            )
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"bad server record {path}: {exc}; delete it and restart that server") from None
     return sorted(records, key=lambda r: r.index)
@@ -82,7 +84,9 @@ def wait_for_controller(run_dir: Path, timeout_s: float, poll_s: float = 0.5) ->
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the rollout controller did not register {path} within {timeout_s:.0f}s; see logs/controller.log")
+            raise TimeoutError(
+                f"the rollout controller did not register {path} within {timeout_s:.0f}s; see logs/controller.log"
+            )
         time.sleep(poll_s)
     raw = json.loads(path.read_text())
     return str(raw["host"]), int(raw["traj_port"]), int(raw["ctrl_port"])

@@ -72,7 +72,9 @@ async def evaluate(
             raise RuntimeError(f"evaluation prompt {i} was interrupted {_MAX_ATTEMPTS} times")
 
     outputs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-    requests = [RewardRequest(p.reward_task, decode(ids), p.reference) for p, (ids, _) in zip(prompts, outputs)]
+    requests = [
+        RewardRequest(p.reward_task, decode(ids), p.reference) for p, (ids, _) in zip(prompts, outputs)
+    ]
     results = await scorer.score_group(requests)
     rewards = [r.reward for r in results]
     versions = [v for _, v in outputs]
@@ -84,5 +86,12 @@ async def evaluate(
         min_version=min(versions, default=0),
         max_version=max(versions, default=0),
     )
-    logger.info("eval %s: accuracy %.3f over %d prompts (versions %d..%d)", tag, summary.accuracy, n, summary.min_version, summary.max_version)
+    logger.info(
+        "eval %s: accuracy %.3f over %d prompts (versions %d..%d)",
+        tag,
+        summary.accuracy,
+        n,
+        summary.min_version,
+        summary.max_version,
+    )
     return summary

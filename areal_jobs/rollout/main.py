@@ -27,8 +27,8 @@ from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.service import ControllerService
 from areal_jobs.rollout.sglang_client import SGLangClient
 from areal_jobs.rollout.snapshot import load_snapshot
-from areal_jobs.trainer.checkpoint import latest_checkpoint
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
+from areal_jobs.trainer.checkpoint import latest_checkpoint
 from areal_jobs.transport.channels import ControllerChannel
 
 logger = logging.getLogger("areal_jobs.rollout.main")
@@ -40,12 +40,17 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     tokenizer = load_tokenizer(cfg.model.path or cfg.model.builtin_dir)
     rows = None
     if cfg.data.train_path:
-        rows, _ = load_rows(cfg.data.dataset, cfg.data.train_path, tokenizer.encode, cfg.data.max_prompt_tokens)
+        rows, _ = load_rows(
+            cfg.data.dataset, cfg.data.train_path, tokenizer.encode, cfg.data.max_prompt_tokens
+        )
     held_out = None
     if cfg.data.eval_path:
-        held_out, _ = load_rows(cfg.data.dataset, cfg.data.eval_path, tokenizer.encode, cfg.data.max_prompt_tokens)
+        held_out, _ = load_rows(
+            cfg.data.dataset, cfg.data.eval_path, tokenizer.encode, cfg.data.max_prompt_tokens
+        )
     elif rows is not None:  # hold out the tail of the training file
         rows, held_out = rows[: -cfg.data.num_eval_prompts or None], rows[-cfg.data.num_eval_prompts :]
+
     def make_client(rec: discovery.ServerRecord) -> SGLangClient:
         return SGLangClient(
             f"{rec.index}", rec.url, token,
@@ -111,7 +116,9 @@ def _controller_ports(cfg: JobConfig, run_dir: Path, host: str) -> tuple[int, in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True, help="resolved run config (RUN_DIR/config.yaml)")
     args = parser.parse_args(argv)
     setup_logging("controller")

@@ -47,7 +47,14 @@ def cuda_available() -> bool:
 
 
 def sglang_command(
-    model_path: str, host: str, port: int, api_key: str, rollout: RolloutConfig, dtype: DType, cpu: bool, seed: int
+    model_path: str,
+    host: str,
+    port: int,
+    api_key: str,
+    rollout: RolloutConfig,
+    dtype: DType,
+    cpu: bool,
+    seed: int,
 ) -> list[str]:
     """The exact `sglang.launch_server` command line (pure; tested)."""
     cmd = [
@@ -104,7 +111,9 @@ class ServerProcess:
         headers = {"Authorization": f"Bearer {self.api_key}"}
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"SGLang server on port {self.port} exited with code {self.process.returncode}")
+                raise RuntimeError(
+                    f"SGLang server on port {self.port} exited with code {self.process.returncode}"
+                )
             try:
                 if requests.get(f"{self.url}/health", headers=headers, timeout=5).status_code == 200:
                     return
@@ -131,7 +140,13 @@ class ServerProcess:
 
 
 def start_server(
-    model_path: str, host: str, port: int, api_key: str, rollout: RolloutConfig, model: ModelConfig, log_path: Path,
+    model_path: str,
+    host: str,
+    port: int,
+    api_key: str,
+    rollout: RolloutConfig,
+    model: ModelConfig,
+    log_path: Path,
     seed: int = 0,
 ) -> ServerProcess:
     """Launch SGLang in its own process group, logging to `log_path`. Does not wait."""
@@ -140,14 +155,20 @@ def start_server(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            cmd, env=sglang_env(cpu, rollout.server_threads), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=sglang_env(cpu, rollout.server_threads),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     logger.info("SGLang server starting on %s:%d (pid %d, %s)", host, port, proc.pid, "cpu" if cpu else "gpu")
     return ServerProcess(host=host, port=port, api_key=api_key, process=proc)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True, help="resolved run config (RUN_DIR/config.yaml)")
     parser.add_argument("--index", type=int, required=True, help="server index in 0..rollout.num_servers-1")
     args = parser.parse_args(argv)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.discovery import ServerRecord
@@ -83,14 +83,18 @@ class ControllerService:
             if self.preempted.is_set():
                 preempted_at = preempted_at or time.monotonic()
                 if time.monotonic() - preempted_at > self.step_timeout_s:
-                    logger.warning("preempted and no checkpoint request came: exiting (last checkpoint stands)")
+                    logger.warning(
+                        "preempted and no checkpoint request came: exiting (last checkpoint stands)"
+                    )
                     return 0
             msg = await self.channel.recv_control(timeout_s=1.0)
             if msg is None:
                 continue
             if isinstance(msg, m.TrainerHello):
                 self.orch.forget_groups()  # a (re)started trainer holds no broadcast group
-                await self._send(m.ControllerHello(version=self.ctl.version, num_servers=len(self.ctl.pool.up_slots)))
+                await self._send(
+                    m.ControllerHello(version=self.ctl.version, num_servers=len(self.ctl.pool.up_slots))
+                )
                 await self._flush_outbox()
             elif isinstance(msg, m.GroupsExpired):
                 self.ctl.on_expired(msg.group_ids)
@@ -118,7 +122,9 @@ class ControllerService:
             init = not req.disk_path and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
             world = ctl.pool.group_world_size()
-            await self._send(m.Paused(version=req.version, world_size=world, init_group=init, group_generation=generation))
+            await self._send(
+                m.Paused(version=req.version, world_size=world, init_group=init, group_generation=generation)
+            )
             if req.disk_path:
                 await self.orch.load_from_disk(req.version, req.disk_path)
             else:
@@ -133,7 +139,12 @@ class ControllerService:
             raise
         ctl.running.set()
         await self._send(m.VersionPublished(version=req.version, update_s=time.monotonic() - t0))
-        if self.eval_prompts and self.eval_every_steps and req.version % self.eval_every_steps == 0 and req.trained_group_ids:
+        if (
+            self.eval_prompts
+            and self.eval_every_steps
+            and req.version % self.eval_every_steps == 0
+            and req.trained_group_ids
+        ):
             self._spawn(self._eval("periodic"), f"eval-v{req.version}")
 
     async def _checkpoint(self, req: m.CheckpointRequest) -> None:
@@ -150,10 +161,14 @@ class ControllerService:
         for task in list(self._background):
             task.cancel()
         for slot in self.ctl.pool.up_slots:  # the cancelled requests' server work is wasted: abort it
-            await run_stage(f"abort requests on server {slot.index}", slot.client.abort_all(), self.step_timeout_s)
+            await run_stage(
+                f"abort requests on server {slot.index}", slot.client.abort_all(), self.step_timeout_s
+            )
         if msg.final_eval and self.eval_prompts:
             await self._eval("final", greedy=True)
-        await self._send(m.Stopped(num_groups_pushed=self.ctl.counters.groups_pushed, metrics=self.ctl.metrics()))
+        await self._send(
+            m.Stopped(num_groups_pushed=self.ctl.counters.groups_pushed, metrics=self.ctl.metrics())
+        )
 
     async def _health_loop(self) -> None:
         """Mark servers that stop answering down; let restarted ones rejoin (and ask for weights)."""
@@ -172,7 +187,11 @@ class ControllerService:
                 client = self.make_client(rec)
                 if await client.healthy():
                     self.ctl.pool.rejoin(rec.index, client)
-                    logger.info("server %d is back at %s; asking the trainer for the current weights", rec.index, rec.url)
+                    logger.info(
+                        "server %d is back at %s; asking the trainer for the current weights",
+                        rec.index,
+                        rec.url,
+                    )
                     await self._send(m.WeightsNeeded(reason=f"server {rec.index} rejoined"))
 
     async def _eval(self, kind: str, greedy: bool = False) -> None:
@@ -182,14 +201,18 @@ class ControllerService:
             self.ctl.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
             temperature=self.ctl.rollout.temperature, tag=f"{kind}-v{version}", **kwargs,
         )  # fmt: skip
-        await self._send(m.EvalResult(version, summary.accuracy, summary.mean_reward, summary.num_prompts, kind))
+        await self._send(
+            m.EvalResult(version, summary.accuracy, summary.mean_reward, summary.num_prompts, kind)
+        )
         if greedy:
             summary = await evaluate(
                 self.ctl.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
                 temperature=0.0, tag=f"{kind}-greedy-v{version}", **kwargs,
             )  # fmt: skip
             await self._send(
-                m.EvalResult(version, summary.accuracy, summary.mean_reward, summary.num_prompts, f"{kind}_greedy")
+                m.EvalResult(
+                    version, summary.accuracy, summary.mean_reward, summary.num_prompts, f"{kind}_greedy"
+                )
             )
 
     async def _stats_loop(self) -> None:

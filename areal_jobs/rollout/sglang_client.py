@@ -6,7 +6,6 @@ naming the server and the endpoint, so a stuck weight update says exactly where 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
@@ -40,7 +39,9 @@ def parse_weight_version(raw: Any) -> int:
     try:
         return int(raw)
     except (TypeError, ValueError):
-        raise ValueError(f"weight_version {raw!r} is not an integer; servers must start with --weight-version 0")
+        raise ValueError(
+            f"weight_version {raw!r} is not an integer; servers must start with --weight-version 0"
+        ) from None
 
 
 def parse_generate(payload: dict[str, Any]) -> GenerateResponse:
@@ -49,7 +50,9 @@ def parse_generate(payload: dict[str, Any]) -> GenerateResponse:
     rows = meta.get("output_token_logprobs") or []
     output_ids = [int(i) for i in payload.get("output_ids") or []]
     if len(rows) != len(output_ids):
-        raise ValueError(f"{len(output_ids)} output ids but {len(rows)} log-probs: ask with return_logprob=true")
+        raise ValueError(
+            f"{len(output_ids)} output ids but {len(rows)} log-probs: ask with return_logprob=true"
+        )
     logprobs = [float(row[0]) for row in rows]
     if any(int(row[1]) != tok for row, tok in zip(rows, output_ids)):
         raise ValueError("log-prob rows do not match output ids")
@@ -64,7 +67,9 @@ def parse_generate(payload: dict[str, Any]) -> GenerateResponse:
 class SGLangClient:
     """One SGLang server. Implements api.RolloutBackendClient plus the weight-update calls."""
 
-    def __init__(self, name: str, url: str, api_key: str, *, generate_timeout_s: float, call_timeout_s: float):
+    def __init__(
+        self, name: str, url: str, api_key: str, *, generate_timeout_s: float, call_timeout_s: float
+    ):
         self.name = name
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {api_key}"}
@@ -72,7 +77,9 @@ class SGLangClient:
         self._call_timeout = aiohttp.ClientTimeout(total=call_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
-    async def _post(self, endpoint: str, body: dict[str, Any], timeout: aiohttp.ClientTimeout | None = None) -> Any:
+    async def _post(
+        self, endpoint: str, body: dict[str, Any], timeout: aiohttp.ClientTimeout | None = None
+    ) -> Any:
         if self._session is None:
             # unlimited connections: concurrency is bounded by the controller, not the pool
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -82,9 +89,11 @@ class SGLangClient:
             ) as resp:
                 text = await resp.text()
                 if resp.status != 200:
-                    raise ServerCallError(self.name, endpoint, f"HTTP {resp.status}: {text[:300]}", resp.status)
+                    raise ServerCallError(
+                        self.name, endpoint, f"HTTP {resp.status}: {text[:300]}", resp.status
+                    )
                 return _json_or_text(text)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ServerCallError(self.name, endpoint, "timed out") from None
         except aiohttp.ClientError as exc:
             raise ServerCallError(self.name, endpoint, f"{type(exc).__name__}: {exc}") from None
@@ -100,7 +109,12 @@ class SGLangClient:
         }
         if request.seed is not None:
             sampling["sampling_seed"] = request.seed
-        body = {"input_ids": request.input_ids, "sampling_params": sampling, "return_logprob": True, "rid": request.rid}
+        body = {
+            "input_ids": request.input_ids,
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "rid": request.rid,
+        }
         payload = await self._post("/generate", body, self._generate_timeout)
         try:
             return parse_generate(payload)
@@ -117,9 +131,11 @@ class SGLangClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         try:
-            async with self._session.get(self.url + "/health", headers=self._headers, timeout=self._call_timeout) as r:
+            async with self._session.get(
+                self.url + "/health", headers=self._headers, timeout=self._call_timeout
+            ) as r:
                 return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return False
 
     async def abort_all(self) -> None:
@@ -128,7 +144,13 @@ class SGLangClient:
     # ------------------------------------------------------------------ weight updates
 
     async def init_weights_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
     ) -> None:
         body = {
             "master_address": master_address,
@@ -169,7 +191,9 @@ class SGLangClient:
         await self._post("/flush_cache", {})
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
-        result = await self._post("/update_weights_from_disk", {"model_path": model_path, "weight_version": str(version)})
+        result = await self._post(
+            "/update_weights_from_disk", {"model_path": model_path, "weight_version": str(version)}
+        )
         _require_success(self.name, "/update_weights_from_disk", result)
 
     async def close(self) -> None:

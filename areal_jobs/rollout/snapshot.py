@@ -77,7 +77,8 @@ def load_snapshot(folder: Path) -> ControllerSnapshot:
     if meta.pop("snapshot_version", None) != SNAPSHOT_VERSION:
         raise ValueError(f"{folder}/controller.json was written by another areal_jobs version")
     partial = [
-        PartialGroup(g["data_index"], g["attempt"], [PartialSample(**s) for s in g["samples"]]) for g in meta.pop("partial")
+        PartialGroup(g["data_index"], g["attempt"], [PartialSample(**s) for s in g["samples"]])
+        for g in meta.pop("partial")
     ]
     requeued = [tuple(x) for x in meta.pop("requeued")]
     data = (folder / "groups.bin").read_bytes()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from areal_jobs.api import WeightSender
 from areal_jobs.config import PauseMode
@@ -34,7 +34,7 @@ class StageError(RuntimeError):
 async def run_stage(stage: str, awaitable: Awaitable, timeout_s: float) -> None:
     try:
         await asyncio.wait_for(awaitable, timeout=timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise StageError(stage, f"timed out after {timeout_s:.0f}s") from None
     except StageError:
         raise
@@ -58,7 +58,9 @@ class WeightUpdateOrchestrator:
         if self.pause_mode is PauseMode.drain:
             await run_stage("drain in-flight requests", _wait_zero(in_flight), self.step_timeout_s)
             return
-        await self._each_server("pause generation", lambda s: s.client.pause(self.pause_mode.value), tolerate=True)
+        await self._each_server(
+            "pause generation", lambda s: s.client.pause(self.pause_mode.value), tolerate=True
+        )
 
     def needs_group_init(self, senders: tuple[WeightSender, ...]) -> bool:
         return self._group_key != self._key(senders)
@@ -110,7 +112,9 @@ class WeightUpdateOrchestrator:
                     stage = f"weight broadcast bucket {bucket.index + 1}/{total} of sender {sender.group_name} to server {slot.index}"
                     await run_stage(
                         stage,
-                        slot.client.update_weights_from_distributed(bucket.tensors, self.group_name(sender), version),
+                        slot.client.update_weights_from_distributed(
+                            bucket.tensors, self.group_name(sender), version
+                        ),
                         self.step_timeout_s,
                     )
 
@@ -120,14 +124,18 @@ class WeightUpdateOrchestrator:
 
     async def load_from_disk(self, version: int, path: str) -> None:
         """Fallback: every server loads the trainer's safetensors checkpoint."""
-        await self._each_server(f"loading weights from {path}", lambda s: s.client.update_weights_from_disk(path, version))
+        await self._each_server(
+            f"loading weights from {path}", lambda s: s.client.update_weights_from_disk(path, version)
+        )
 
     async def resume(self) -> None:
         if self.pause_mode is PauseMode.drain:
             return
         await self._each_server("resume generation", lambda s: s.client.resume(), tolerate=True)
 
-    async def _each_server(self, what: str, call: Callable[[ServerSlot], Awaitable], tolerate: bool = False) -> None:
+    async def _each_server(
+        self, what: str, call: Callable[[ServerSlot], Awaitable], tolerate: bool = False
+    ) -> None:
         """Run one stage on every up server at once. `tolerate`: a server that fails is marked down
         (the group is re-formed without it) as long as another server is left."""
         slots = self.pool.up_slots

@@ -32,7 +32,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         return None
     folder = checkpoints_dir(run_dir) / pointer.read_text().strip()
     if not (folder / "meta.json").exists():
-        raise FileNotFoundError(f"{pointer} names {folder}, which is incomplete: delete {pointer} to start over")
+        raise FileNotFoundError(
+            f"{pointer} names {folder}, which is incomplete: delete {pointer} to start over"
+        )
     return folder
 
 

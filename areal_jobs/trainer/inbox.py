@@ -49,7 +49,9 @@ class Inbox:
             logger.info("controller asks for the current weights: %s", msg.reason)
             self.weights_needed = True
         elif isinstance(msg, m.UpdateFailed):
-            raise ControllerFailed(f"weight update to version {msg.version} failed at {msg.stage}: {msg.error}")
+            raise ControllerFailed(
+                f"weight update to version {msg.version} failed at {msg.stage}: {msg.error}"
+            )
         else:
             self._control.append(msg)
         return True
@@ -62,7 +64,9 @@ class Inbox:
                     return self._control.pop(i)  # type: ignore[return-value]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no {kind.__name__} from the controller within {timeout_s:.0f}s while {waiting_for}")
+                raise TimeoutError(
+                    f"no {kind.__name__} from the controller within {timeout_s:.0f}s while {waiting_for}"
+                )
             self.pump(min(remaining, 1.0))
 
     def wait_groups(self, count: int, timeout_s: float, interrupt=lambda: False) -> bool:

@@ -128,7 +128,14 @@ class TrainLoop:
     def log_evals(self) -> None:
         for ev in self.inbox.evals:
             prefix = "eval/greedy_" if ev.kind.endswith("_greedy") else "eval/"
-            self.sink.log(self.step, {f"{prefix}accuracy": ev.accuracy, f"{prefix}mean_reward": ev.mean_reward, f"{prefix}version": float(ev.version)})
+            self.sink.log(
+                self.step,
+                {
+                    f"{prefix}accuracy": ev.accuracy,
+                    f"{prefix}mean_reward": ev.mean_reward,
+                    f"{prefix}version": float(ev.version),
+                },
+            )
         self.inbox.evals.clear()
 
     def _batch_metrics(self, batch: TrainBatch, groups: list[m.TrajectoryGroup]) -> dict[str, float]:

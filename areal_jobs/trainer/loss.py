@@ -30,7 +30,7 @@ class LossStats:
     behav_weight_sum: float = 0.0
     approx_kl_sum: float = 0.0  # p - θ, first-order KL(prox || current)
 
-    def add(self, other: "LossStats") -> None:
+    def add(self, other: LossStats) -> None:
         for key, value in vars(other).items():
             setattr(self, key, getattr(self, key) + value)
 

@@ -49,7 +49,9 @@ def save_checkpoint(run_dir: Path, loop: TrainLoop, inbox: Inbox, keep_last: int
     """Both halves of a consistent cut at step `loop.step`; generation keeps running meanwhile."""
     t0 = time.monotonic()
     folder = ckpt.step_dir(run_dir, loop.step)
-    inbox.channel.send(m.CheckpointRequest(step=loop.step, version=loop.version, path=str(folder / "rollout")))
+    inbox.channel.send(
+        m.CheckpointRequest(step=loop.step, version=loop.version, path=str(folder / "rollout"))
+    )
     loop.backend.save_checkpoint(str(folder / "trainer"))
     saved = inbox.wait_for(m.CheckpointSaved, timeout_s, f"the controller saving checkpoint step {loop.step}")
     evals = [vars_of(e) for e in inbox.all_evals]
@@ -86,7 +88,9 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
     if latest is not None:  # before the sink opens metrics.jsonl: rows past the checkpoint go
         ckpt.truncate_jsonl(run_dir / "metrics.jsonl", ckpt.read_meta(latest)["step"])
     sink = build_sink(run_dir, cfg.run.tensorboard)
-    loop = TrainLoop(cfg.algo, backend, inbox, publisher, sink, run_dir / "ledger.jsonl", cfg.trainer.batch_wait_timeout_s)
+    loop = TrainLoop(
+        cfg.algo, backend, inbox, publisher, sink, run_dir / "ledger.jsonl", cfg.trainer.batch_wait_timeout_s
+    )
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda *_: loop.preempt.set())
     if latest is not None:
@@ -95,7 +99,12 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
         loop.load_state_dict(meta)
         inbox.all_evals = [m.EvalResult(**e) for e in meta.get("evals", [])]
         dropped = ckpt.truncate_jsonl(run_dir / "ledger.jsonl", loop.step)
-        logger.info("resumed from checkpoint at step %d (version %d; %d later ledger rows dropped)", loop.step, loop.version, dropped)
+        logger.info(
+            "resumed from checkpoint at step %d (version %d; %d later ledger rows dropped)",
+            loop.step,
+            loop.version,
+            dropped,
+        )
     inbox.channel.send(m.TrainerHello(version=loop.version, step=loop.step, resumed=latest is not None))
     inbox.wait_for(m.ControllerHello, cfg.weight_sync.step_timeout_s * 5, "saying hello to the controller")
     if latest is not None:  # the servers restarted with the base model: give them this version first
@@ -104,7 +113,13 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
     timeout_s = cfg.weight_sync.step_timeout_s
     saved_step = loop.step if latest is not None else -1
     try:
-        for _ in tqdm(range(loop.step, cfg.trainer.total_steps), desc="train", unit="step", mininterval=5.0, disable=None):
+        for _ in tqdm(
+            range(loop.step, cfg.trainer.total_steps),
+            desc="train",
+            unit="step",
+            mininterval=5.0,
+            disable=None,
+        ):
             loop.run_step()
             if every and loop.step % every == 0 and loop.step < cfg.trainer.total_steps:
                 save_checkpoint(run_dir, loop, inbox, cfg.checkpoint.keep_last, timeout_s)
@@ -151,7 +166,9 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True, help="resolved run config (RUN_DIR/config.yaml)")
     args = parser.parse_args(argv)
     setup_logging("trainer")

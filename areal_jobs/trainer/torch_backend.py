@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -27,7 +27,12 @@ from areal_jobs.trainer.packing import balanced_microbatches, pack
 
 logger = logging.getLogger(__name__)
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def token_logprobs(model: torch.nn.Module, samples: list[TrainSample]) -> list[torch.Tensor]:
@@ -38,7 +43,9 @@ def token_logprobs(model: torch.nn.Module, samples: list[TrainSample]) -> list[t
     packed = pack([s.input_ids for s in samples])
     input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0)
     position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0)
-    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0].float()  # [T, V]
+    logits = (
+        model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0].float()
+    )  # [T, V]
     out = []
     for s, start in zip(samples, packed.cu_seqlens[:-1].tolist()):
         # logits at position t predict token t + 1: the outputs start at prompt length p
@@ -144,7 +151,8 @@ class TorchBackend:
 
     def weight_specs(self) -> list[TensorSpec]:
         return [
-            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in self._export_state().items()
+            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+            for name, t in self._export_state().items()
         ]
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

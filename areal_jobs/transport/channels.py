@@ -46,7 +46,12 @@ class ControllerChannel:
         # a restarted trainer reuses nothing: route replies to whoever spoke last
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._router.bind(f"tcp://{self.host}:{self.ctrl_port}")
-        logger.info("controller channel bound on %s:%d (trajectories) and :%d (control)", self.host, self.traj_port, self.ctrl_port)
+        logger.info(
+            "controller channel bound on %s:%d (trajectories) and :%d (control)",
+            self.host,
+            self.traj_port,
+            self.ctrl_port,
+        )
 
     @property
     def has_peer(self) -> bool:
@@ -97,14 +102,19 @@ class TrainerChannel:
     """Blocking side (trainer rank 0). `poll` returns whichever arrives first."""
 
     def __init__(self, controller_host: str, traj_port: int, ctrl_port: int, token: str) -> None:
-        self.controller_host, self.traj_port, self.ctrl_port, self.token = controller_host, traj_port, ctrl_port, token
+        self.controller_host, self.traj_port, self.ctrl_port, self.token = (
+            controller_host,
+            traj_port,
+            ctrl_port,
+            token,
+        )
         self.rejected = 0
         self._ctx = zmq.Context()
         self._pull: zmq.Socket | None = None
         self._dealer: zmq.Socket | None = None
         self._poller = zmq.Poller()
 
-    def connect(self) -> "TrainerChannel":
+    def connect(self) -> TrainerChannel:
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         self._pull.connect(f"tcp://{self.controller_host}:{self.traj_port}")

@@ -41,7 +41,9 @@ def encode_control(msg: m.ControlMessage, token: str) -> bytes:
     if type(msg).__name__ not in _KINDS:
         raise TypeError(f"not a control message: {type(msg).__name__}")
     body = dataclasses.asdict(msg)
-    return json.dumps({"schema": m.SCHEMA_VERSION, "kind": type(msg).__name__, "token": token, "body": body}).encode()
+    return json.dumps(
+        {"schema": m.SCHEMA_VERSION, "kind": type(msg).__name__, "token": token, "body": body}
+    ).encode()
 
 
 def decode_control(frame: bytes, token: str) -> m.ControlMessage:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -93,7 +93,9 @@ class WeightBroadcastGroup:
         parts = []
         for spec, tensor in zip(bucket.tensors, tensors, strict=True):
             if tuple(tensor.shape) != spec.shape or str(tensor.dtype).removeprefix("torch.") != spec.dtype:
-                raise ValueError(f"{stage}: tensor {spec.name} is {tuple(tensor.shape)} {tensor.dtype}, spec says {spec}")
+                raise ValueError(
+                    f"{stage}: tensor {spec.name} is {tuple(tensor.shape)} {tensor.dtype}, spec says {spec}"
+                )
             parts.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
         flat = torch.cat(parts)
         if self.backend == "nccl":

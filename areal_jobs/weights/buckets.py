@@ -7,7 +7,7 @@ tensor starts at an offset aligned to its element size. Order is preserved withi
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from areal_jobs.api import BucketSpec, TensorSpec
 

@@ -25,18 +25,24 @@ logger = logging.getLogger(__name__)
 
 
 class WeightPublisher:
-    def __init__(self, cfg: WeightSyncConfig, inbox: Inbox, master_address: str, master_port: int, disk_dir: Path):
+    def __init__(
+        self, cfg: WeightSyncConfig, inbox: Inbox, master_address: str, master_port: int, disk_dir: Path
+    ):
         self.cfg = cfg
         self.inbox = inbox
         self.backend_name = resolve_backend(cfg.backend.value)
-        self.group = WeightBroadcastGroup("areal-weights-s0", master_address, master_port, cfg.backend.value, cfg.step_timeout_s)
+        self.group = WeightBroadcastGroup(
+            "areal-weights-s0", master_address, master_port, cfg.backend.value, cfg.step_timeout_s
+        )
         self.disk_dir = disk_dir
 
     def publish(self, version: int, backend: TrainBackend, trained: tuple[str, ...]) -> dict[str, float]:
         t0 = time.monotonic()
         specs = backend.weight_specs()
         buckets = tuple(plan_buckets(specs, self.cfg.bucket_bytes))
-        sender = WeightSender(self.group.base_name, self.group.master_address, self.group.master_port, buckets)
+        sender = WeightSender(
+            self.group.base_name, self.group.master_address, self.group.master_port, buckets
+        )
         disk_path = ""
         if self.cfg.method is WeightSync.disk:
             disk_path = str(self.disk_dir / f"v{version}")
@@ -44,7 +50,9 @@ class WeightPublisher:
         self.inbox.channel.send(
             m.PauseRequest(version, (sender,), self.backend_name, trained, disk_path=disk_path)
         )
-        paused = self.inbox.wait_for(m.Paused, self.cfg.step_timeout_s, f"pausing generation for version {version}")
+        paused = self.inbox.wait_for(
+            m.Paused, self.cfg.step_timeout_s, f"pausing generation for version {version}"
+        )
         t_paused = time.monotonic()
         sent_bytes = 0.0
         if not disk_path:

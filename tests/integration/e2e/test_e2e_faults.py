@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .test_e2e_local import ledger, run_local, start_local, wait_for_steps
+from .test_e2e_local import ledger, start_local, wait_for_steps
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -31,7 +31,12 @@ def alive(pid: int) -> bool:
 
 def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, record_property):
     run_dir = tmp_path / "chaos"
-    args = (f"algo.max_staleness={ETA}", "checkpoint.every_steps=2", "rollout.num_servers=2", "rollout.health_interval_s=1")
+    args = (
+        f"algo.max_staleness={ETA}",
+        "checkpoint.every_steps=2",
+        "rollout.num_servers=2",
+        "rollout.health_interval_s=1",
+    )
     proc = start_local(tmp_path, tiny_model_dir, "chaos", *args, f"trainer.total_steps={LONG_RUN}")
     wait_for_steps(run_dir, 2, proc)
 
@@ -55,7 +60,11 @@ def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, re
     assert proc.wait(timeout=300) == 1
     for pid in pids.values():
         assert not alive(pid), f"process {pid} outlived the failed run"
-    checkpoint_step = json.loads((run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "meta.json").read_text())["step"]
+    checkpoint_step = json.loads(
+        (
+            run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "meta.json"
+        ).read_text()
+    )["step"]
 
     # restart with the same command: resumes from the checkpoint and finishes
     STEPS = checkpoint_step + 3
@@ -77,7 +86,9 @@ def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, re
     assert len(samples) == len(set(samples)) == STEPS * B * G  # none lost, none twice
     trained = [i for r in rows for i in r["data_indices"]]
     assert len(trained) == len(set(trained)) == STEPS * B
-    assert all(r["max_staleness"] <= ETA and r["trained_at_version"] - r["oldest_version"] <= ETA for r in rows)
+    assert all(
+        r["max_staleness"] <= ETA and r["trained_at_version"] - r["oldest_version"] <= ETA for r in rows
+    )
     final = json.loads((run_dir / "rollout_final.json").read_text())
     pending = set(final["in_progress"]) | set(final["untrained"]) | set(final["requeued"])
     assert not pending & set(trained)

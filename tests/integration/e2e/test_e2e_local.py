@@ -44,7 +44,10 @@ def wait_for_steps(run_dir: Path, steps: int, proc: subprocess.Popen, timeout_s:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         metrics = run_dir / "metrics.jsonl"
-        if metrics.exists() and sum('"train/version"' in line for line in metrics.read_text().splitlines()) >= steps:
+        if (
+            metrics.exists()
+            and sum('"train/version"' in line for line in metrics.read_text().splitlines()) >= steps
+        ):
             return time.monotonic()
         assert proc.poll() is None, f"launch.local exited early: {proc.stdout.read()[-3000:]}"
         time.sleep(0.5)
@@ -56,8 +59,12 @@ def run_local(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> Pa
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     run_dir = tmp_path / name
     if result.returncode != 0:
-        logs = "\n".join(f"== {p.name}\n{p.read_text()[-2500:]}" for p in sorted((run_dir / "logs").glob("*.log")))
-        pytest.fail(f"launch.local failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}\n{logs}")
+        logs = "\n".join(
+            f"== {p.name}\n{p.read_text()[-2500:]}" for p in sorted((run_dir / "logs").glob("*.log"))
+        )
+        pytest.fail(
+            f"launch.local failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}\n{logs}"
+        )
     assert "final: accuracy_start=" in result.stdout
     return run_dir
 
@@ -70,7 +77,11 @@ def test_async_run_respects_eta_and_interrupts(tmp_path, tiny_model_dir):
     run_dir = run_local(tmp_path, tiny_model_dir, "eta4", "algo.max_staleness=4", "trainer.total_steps=6")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(FINAL_KEYS) <= set(summary)
-    assert summary["steps"] == 6 and summary["accuracy_start"] is not None and summary["accuracy_end"] is not None
+    assert (
+        summary["steps"] == 6
+        and summary["accuracy_start"] is not None
+        and summary["accuracy_end"] is not None
+    )
     rows = ledger(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert all(r["trained_at_version"] - r["oldest_version"] <= 4 for r in rows)
@@ -87,7 +98,9 @@ def test_async_run_respects_eta_and_interrupts(tmp_path, tiny_model_dir):
         assert (run_dir / "logs" / log).exists(), log
 
 
-def test_eta_zero_is_synchronous_and_a_preempted_run_resumes_the_same_prompt_sequence(tmp_path, tiny_model_dir):
+def test_eta_zero_is_synchronous_and_a_preempted_run_resumes_the_same_prompt_sequence(
+    tmp_path, tiny_model_dir
+):
     """SIGUSR1 after step 2: the trainer checkpoints and exits 0 (launcher code 3); the same command
     resumes. With eta = 0 the prompt sequence is fixed, step s trains prompts 2(s-1) and 2(s-1)+1,
     exactly as an uninterrupted run would, and every token was sampled under the trained version."""

@@ -18,7 +18,14 @@ def sglang_server(tiny_model_dir: Path, tmp_path_factory) -> ServerProcess:
     log = tmp_path_factory.mktemp("sglang") / "server.log"
     rollout = RolloutConfig(max_total_tokens=8192)
     server = start_server(
-        str(tiny_model_dir), "127.0.0.1", free_port(), secrets.token_hex(8), rollout, ModelConfig(), log, seed=0
+        str(tiny_model_dir),
+        "127.0.0.1",
+        free_port(),
+        secrets.token_hex(8),
+        rollout,
+        ModelConfig(),
+        log,
+        seed=0,
     )
     try:
         server.wait_healthy(timeout_s=600)

@@ -56,8 +56,15 @@ def test_server_logprobs_match_trainer_recomputation(sglang_server, tiny_model_d
     inputs = prompts(tiny_model_dir, 8)
     responses = asyncio.run(generate_all(sglang_server, inputs, 48, 1.0))
     samples = [
-        TrainSample(f"s{i}", np.array(p + r.output_ids), len(p), np.array(r.logprobs, dtype=np.float32),
-                    np.zeros(len(r.output_ids), dtype=np.int32), 0.0, 0.0)  # fmt: skip
+        TrainSample(
+            f"s{i}",
+            np.array(p + r.output_ids),
+            len(p),
+            np.array(r.logprobs, dtype=np.float32),
+            np.zeros(len(r.output_ids), dtype=np.int32),
+            0.0,
+            0.0,
+        )  # fmt: skip
         for i, (p, r) in enumerate(zip(inputs, responses))
         if r.output_ids
     ]
@@ -67,7 +74,9 @@ def test_server_logprobs_match_trainer_recomputation(sglang_server, tiny_model_d
     diff = np.abs(recomputed - served)
     record_property("logprob_max_abs_diff", float(diff.max()))
     record_property("logprob_mean_abs_diff", float(diff.mean()))
-    print(f"\nlog-prob |server - trainer| over {diff.size} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}")
+    print(
+        f"\nlog-prob |server - trainer| over {diff.size} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}"
+    )
     assert diff.size > 50
     assert diff.mean() < 1e-3 and diff.max() < 1e-2
 
@@ -170,6 +179,9 @@ def test_requests_without_the_api_key_are_refused(sglang_server):
     body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
     assert requests.post(f"{sglang_server.url}/generate", json=body, timeout=30).status_code == 401
     wrong = {"Authorization": "Bearer not-the-key"}
-    assert requests.post(f"{sglang_server.url}/generate", json=body, headers=wrong, timeout=30).status_code == 401
+    assert (
+        requests.post(f"{sglang_server.url}/generate", json=body, headers=wrong, timeout=30).status_code
+        == 401
+    )
     for path in ("/pause_generation", "/update_weights_from_disk", "/init_weights_update_group"):
         assert requests.post(f"{sglang_server.url}{path}", json={}, timeout=30).status_code == 401

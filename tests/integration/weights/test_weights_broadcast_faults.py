@@ -19,14 +19,15 @@ GROUP = "fault-test"
 
 def _peer(port: int, behaviour: str, ready) -> None:
     """Joins as rank 1 like an SGLang server would, receives bucket 1, then dies or hangs."""
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, rendezvous
-
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, rendezvous
 
     torch.set_num_threads(1)
     timeout = timedelta(seconds=60)
     store, rank, size = next(rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, timeout=timeout))
-    group, _ = _new_process_group_helper(2, 1, [], Backend("gloo"), PrefixStore(f"{GROUP}-1", store), group_name=f"{GROUP}-1", timeout=timeout)
+    group, _ = _new_process_group_helper(
+        2, 1, [], Backend("gloo"), PrefixStore(f"{GROUP}-1", store), group_name=f"{GROUP}-1", timeout=timeout
+    )
     buf = torch.empty(64, dtype=torch.uint8)
     dist.broadcast(buf, group=group, group_src=0)
     ready.set()

@@ -43,13 +43,17 @@ def test_bad_rows_are_skipped_and_reported_with_file_and_line(tmp_path):
 
 def test_file_epochs_are_reshuffled_deterministically(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) + "\n" for i in range(6)))
+    path.write_text(
+        "".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) + "\n" for i in range(6))
+    )
     cfg = DataConfig(dataset=Dataset.gsm8k, train_path=str(path))
     rows, _ = load_rows(cfg.dataset, str(path), encode, 512)
     stream = PromptStream(cfg, encode, rows)
     epoch0 = sorted(stream.at(i).reference for i in range(6))
     assert epoch0 == [str(i) for i in range(6)]
-    assert [stream.at(i).reference for i in range(6, 12)] == [PromptStream(cfg, encode, rows).at(i).reference for i in range(6, 12)]
+    assert [stream.at(i).reference for i in range(6, 12)] == [
+        PromptStream(cfg, encode, rows).at(i).reference for i in range(6, 12)
+    ]
 
 
 def test_no_usable_rows_is_an_error(tmp_path):

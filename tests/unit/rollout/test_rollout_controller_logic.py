@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from areal_jobs.config import AlgoConfig, DataConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
 from areal_jobs.rollout.controller import RolloutController
@@ -100,7 +98,12 @@ def test_interrupted_samples_continue_and_carry_both_versions():
     group, server = asyncio.run(go())
     for s in group.samples:
         versions = s.versions.tolist()
-        assert s.num_interruptions == 1 and versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+        assert (
+            s.num_interruptions == 1
+            and versions[0] == 0
+            and versions[-1] == 1
+            and versions == sorted(versions)
+        )
         assert s.output_ids.tolist() == expected_tokens()  # continuation = prompt + partial output
     resent = [r for r in server.requests if len(r.input_ids) > 3]
     assert resent and all(r.max_new_tokens == 64 - (len(r.input_ids) - 3) for r in resent)
@@ -108,7 +111,10 @@ def test_interrupted_samples_continue_and_carry_both_versions():
 
 def test_a_dead_server_s_requests_move_to_the_other_with_their_partial_output():
     async def go():
-        a, b = FakeServer("a", token_s=0.004, answer_len=lambda ids: 40), FakeServer("b", token_s=0.004, answer_len=lambda ids: 40)
+        a, b = (
+            FakeServer("a", token_s=0.004, answer_len=lambda ids: 40),
+            FakeServer("b", token_s=0.004, answer_len=lambda ids: 40),
+        )
         ctl, pushed = make([a, b], batch=2, group=2, eta=0)
         task = asyncio.create_task(ctl.admission_loop())
         await asyncio.sleep(0.05)

@@ -47,7 +47,10 @@ class Recorder:
 
 
 SENDER = WeightSender(
-    "w", "127.0.0.1", 1, (BucketSpec(0, (TensorSpec("a", "float32", (1,)),)), BucketSpec(1, (TensorSpec("b", "float32", (1,)),)))
+    "w",
+    "127.0.0.1",
+    1,
+    (BucketSpec(0, (TensorSpec("a", "float32", (1,)),)), BucketSpec(1, (TensorSpec("b", "float32", (1,)),))),
 )
 
 

@@ -34,7 +34,14 @@ def random_tokens(n, seed):
 def test_matches_per_token_formula(seed, cap):
     theta, prox, behav, adv = random_tokens(64, seed)
     loss, stats = decoupled_ppo_loss(
-        theta.clone().requires_grad_(), prox, behav, adv, torch.ones(64), clip_eps=0.2, num_global_tokens=64, behav_weight_cap=cap
+        theta.clone().requires_grad_(),
+        prox,
+        behav,
+        adv,
+        torch.ones(64),
+        clip_eps=0.2,
+        num_global_tokens=64,
+        behav_weight_cap=cap,
     )
     expected = reference_loss(theta.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), 0.2, 64, cap)
     assert float(loss) == pytest.approx(expected, rel=1e-12, abs=1e-12)
@@ -45,7 +52,9 @@ def test_matches_per_token_formula(seed, cap):
 
 def test_proximal_equal_to_behaviour_is_standard_ppo():
     theta, prox, _, adv = random_tokens(32, 5)
-    decoupled, _ = decoupled_ppo_loss(theta, prox, prox, adv, torch.ones(32), clip_eps=0.2, num_global_tokens=32)
+    decoupled, _ = decoupled_ppo_loss(
+        theta, prox, prox, adv, torch.ones(32), clip_eps=0.2, num_global_tokens=32
+    )
     ratio = torch.exp(theta - prox)
     ppo = -torch.minimum(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()
     assert float(decoupled) == pytest.approx(float(ppo), rel=1e-12)
@@ -67,11 +76,19 @@ def test_gradient_only_flows_through_current_logprobs():
 
 def test_microbatches_sum_to_the_full_batch_loss():
     theta, prox, behav, adv = random_tokens(90, 7)
-    full, full_stats = decoupled_ppo_loss(theta, prox, behav, adv, torch.ones(90), clip_eps=0.2, num_global_tokens=90)
+    full, full_stats = decoupled_ppo_loss(
+        theta, prox, behav, adv, torch.ones(90), clip_eps=0.2, num_global_tokens=90
+    )
     parts, stats = 0.0, LossStats()
     for sl in (slice(0, 10), slice(10, 55), slice(55, 90)):
         part, s = decoupled_ppo_loss(
-            theta[sl], prox[sl], behav[sl], adv[sl], torch.ones(sl.stop - sl.start), clip_eps=0.2, num_global_tokens=90
+            theta[sl],
+            prox[sl],
+            behav[sl],
+            adv[sl],
+            torch.ones(sl.stop - sl.start),
+            clip_eps=0.2,
+            num_global_tokens=90,
         )
         parts += float(part)
         stats.add(s)
@@ -84,7 +101,9 @@ def test_mask_excludes_tokens_and_bad_shapes_raise():
     mask = torch.tensor([1, 1, 0, 0, 1, 1, 1, 1.0], dtype=torch.float64)
     loss, stats = decoupled_ppo_loss(theta, prox, behav, adv, mask, clip_eps=0.2, num_global_tokens=6)
     keep = mask.bool()
-    expected = reference_loss(theta[keep].tolist(), prox[keep].tolist(), behav[keep].tolist(), adv[keep].tolist(), 0.2, 6)
+    expected = reference_loss(
+        theta[keep].tolist(), prox[keep].tolist(), behav[keep].tolist(), adv[keep].tolist(), 0.2, 6
+    )
     assert float(loss) == pytest.approx(expected, rel=1e-12)
     assert stats.num_tokens == 6
     with pytest.raises(ValueError, match="shape"):

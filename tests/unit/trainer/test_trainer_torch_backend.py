@@ -11,7 +11,9 @@ from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
 
 
 def make_backend(path, **algo):
-    backend = TorchBackend(TrainerConfig(max_tokens_per_microbatch=64, lr=1e-3), AlgoConfig(**algo), str(path), DType.float32)
+    backend = TorchBackend(
+        TrainerConfig(max_tokens_per_microbatch=64, lr=1e-3), AlgoConfig(**algo), str(path), DType.float32
+    )
     backend.setup()
     return backend
 

@@ -38,7 +38,9 @@ def test_group_round_trip_keeps_every_token_field():
     assert out.group_id == "g7" and out.data_index == 7
     np.testing.assert_array_equal(out.prompt_ids, group.prompt_ids)
     for a, b in zip(out.samples, group.samples, strict=True):
-        assert a.sample_id == b.sample_id and a.reward == b.reward and a.num_interruptions == b.num_interruptions
+        assert (
+            a.sample_id == b.sample_id and a.reward == b.reward and a.num_interruptions == b.num_interruptions
+        )
         np.testing.assert_array_equal(a.output_ids, b.output_ids)
         np.testing.assert_array_equal(a.logprobs, b.logprobs)
         np.testing.assert_array_equal(a.versions, b.versions)
@@ -60,7 +62,9 @@ def test_wire_format_is_json_header_plus_little_endian_arrays():
         m.ControllerHello(version=1, num_servers=2),
         m.PauseRequest(
             version=4,
-            senders=(WeightSender("g", "127.0.0.1", 1234, (BucketSpec(0, (TensorSpec("w", "float32", (2, 3)),)),)),),
+            senders=(
+                WeightSender("g", "127.0.0.1", 1234, (BucketSpec(0, (TensorSpec("w", "float32", (2, 3)),)),)),
+            ),
             backend="gloo",
             trained_group_ids=("g1", "g2"),
         ),
@@ -82,7 +86,12 @@ def test_control_round_trip(msg):
 
 
 def _envelope(**overrides):
-    base = {"schema": m.SCHEMA_VERSION, "kind": "TrainerHello", "token": TOKEN, "body": {"version": 1, "step": 0}}
+    base = {
+        "schema": m.SCHEMA_VERSION,
+        "kind": "TrainerHello",
+        "token": TOKEN,
+        "body": {"version": 1, "step": 0},
+    }
     base.update(overrides)
     return json.dumps(base).encode()
 

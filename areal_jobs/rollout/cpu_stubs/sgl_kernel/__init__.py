@@ -5,7 +5,9 @@ import torch
 __version__ = "0.0.0+areal-jobs-cpu-stub"
 
 
-def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+def assign_req_to_token_pool_cpu(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+):
     """Write each request's new KV-cache slots into its row of the request-to-token table."""
     cursor = 0
     for row, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
