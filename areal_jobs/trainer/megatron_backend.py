@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 _TORCH_DTYPES = {DType.float32: torch.float32, DType.bfloat16: torch.bfloat16}
 
 
-def init_distributed(trainer: TrainerConfig, *, timeout_s: float = 600.0) -> None:
+def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) -> None:
     """Call first on every trainer rank: process group, Megatron model-parallel state, seeds.
 
     Joins the default process group from env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as
@@ -68,6 +68,8 @@ def init_distributed(trainer: TrainerConfig, *, timeout_s: float = 600.0) -> Non
     without those variables (tp = pp = dp = 1) gets a private one-rank group. Without a CUDA
     device it switches on megatron_cpu_compat and uses gloo; with one, NCCL on LOCAL_RANK.
     Megatron's rank order is tp fastest, then dp, then pp: global rank 0 is TP/DP/PP rank 0.
+    `timeout_s` bounds every collective, including the other ranks' wait in `train_step` while
+    rank 0 waits for a batch: by default trainer.batch_wait_timeout_s + 600.
     """
     expected = trainer.tp_size * trainer.pp_size * trainer.dp_size
     if torch.cuda.is_available():
@@ -79,7 +81,7 @@ def init_distributed(trainer: TrainerConfig, *, timeout_s: float = 600.0) -> Non
         torch.set_num_threads(trainer.threads)
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        timeout = timedelta(seconds=timeout_s)
+        timeout = timedelta(seconds=timeout_s or trainer.batch_wait_timeout_s + 600.0)
         if "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend, timeout=timeout)
         elif expected == 1:
