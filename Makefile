@@ -8,7 +8,7 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install run test test-gpu test-unit lint format bench clean ci
+.PHONY: install run test test-gpu test-unit lint format bench clean ci warmstart
 
 # Idempotent: re-runs only when the dependency lists change. CPU machines get the local CPU torch
 # wheel and SGLang's lean CPU install (requirements/sglang-cpu.txt); GPU machines the CUDA stack.
@@ -29,6 +29,10 @@ endif
 # The built-in tiny experiment on this machine: builds the model, runs servers + controller + trainer.
 run: install
 	$(PY) -m launch.local $(OVERRIDES)
+
+# Rebuild the committed built-in model (tokenizer + tiny Qwen2 + supervised warm start).
+warmstart: install
+	$(PY) -m areal_jobs.data.tiny_model --out areal_jobs/data/builtin_model
 
 # CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
 test: install

@@ -125,6 +125,7 @@ class AlgoConfig:
     decoupled: bool = True  # False: proximal = behaviour log-probs (standard PPO ablation)
     behav_weight_cap: float = 0.0  # >0: drop tokens whose exp(prox - behav) exceeds it
     filter_uniform_groups: bool = False  # drop groups whose rewards are all equal (no signal)
+    ppo_minibatches: int = 1  # optimiser steps per batch; the clip keeps later ones near the proximal policy
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -138,6 +139,8 @@ class AlgoConfig:
             )
         if not 0.0 < self.clip_eps < 1.0:
             raise ValueError("algo.clip_eps must be in (0, 1)")
+        if not 1 <= self.ppo_minibatches <= self.batch_size * self.group_size:
+            raise ValueError("algo.ppo_minibatches must be in [1, algo.batch_size * algo.group_size]")
 
 
 @dataclass

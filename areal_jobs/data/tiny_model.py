@@ -4,16 +4,23 @@ Nothing is downloaded. `build_builtin_model` trains the tokenizer on generated t
 initialises a tiny Qwen2ForCausalLM, gives it a short supervised warm start on worked
 solutions (weak but not hopeless: the RL run measures where it starts), and saves a Hugging
 Face directory (config.json, model.safetensors, tokenizer.json) that SGLang and the trainer load.
-The result is cached: a directory holding `build.json` with the same recipe is reused.
+
+The result is cached by recipe: a directory whose `build.json` holds the same recipe is reused.
+The default recipe's build is committed in areal_jobs/data/builtin_model/ (a few MB), so
+`make run` spends its CPU minutes on RL; `make warmstart` rebuilds it:
+
+    python -m areal_jobs.data.tiny_model --out areal_jobs/data/builtin_model
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from areal_jobs.data import arith_task
@@ -92,15 +99,23 @@ def model_config(recipe: TinyRecipe, vocab_size: int):
     )
 
 
-def build_builtin_model(out_dir: Path, recipe: TinyRecipe, threads: int = 2) -> Path:
+PACKAGED_DIR = Path(__file__).resolve().parent / "builtin_model"
+
+
+def build_builtin_model(out_dir: Path, recipe: TinyRecipe, threads: int = 2, force: bool = False) -> Path:
     """Build (or reuse) the warm-started tiny model in `out_dir`; returns `out_dir`."""
     import torch
     from transformers import Qwen2ForCausalLM
 
     stamp = out_dir / "build.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == asdict(recipe):
+    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == asdict(recipe) and not force:
         logger.info("built-in model up to date in %s", out_dir)
         return out_dir
+    if Path(out_dir).resolve() == PACKAGED_DIR and stamp.exists() and not force:
+        raise ValueError(
+            f"model.builtin_sft_steps={recipe.sft_steps} differs from the committed warm start in {PACKAGED_DIR}: "
+            "set model.builtin_dir=<another directory> to build a different one there"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     torch.set_num_threads(threads)
@@ -110,9 +125,41 @@ def build_builtin_model(out_dir: Path, recipe: TinyRecipe, threads: int = 2) -> 
     final_loss = _warm_start(model, tokenizer, recipe)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     info = {"recipe": asdict(recipe), "sft_final_loss": final_loss, "build_s": time.time() - t0}
+    if recipe.sft_steps:
+        info["heldout"] = heldout_accuracy(model, tokenizer)
     stamp.write_text(json.dumps(info, indent=2))
     logger.info("built-in model built in %.0fs (SFT loss %.3f) -> %s", info["build_s"], final_loss, out_dir)
     return out_dir
+
+
+def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) -> dict[str, float]:
+    """Accuracy on the held-out stream (data.seed=1), greedy and sampled at temperature 1."""
+    import torch
+
+    torch.manual_seed(seed)
+    problems = [arith_task.eval_problem_at(seed, i) for i in range(num_prompts)]
+    out = {}
+    for name, sample in (("greedy", False), ("sampled", True)):
+        correct = 0
+        for start in range(0, num_prompts, 64):
+            chunk = problems[start : start + 64]
+            encoded = [tokenizer.encode(p.prompt, add_special_tokens=False) for p in chunk]
+            width = max(map(len, encoded))
+            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            mask = torch.zeros(len(chunk), width, dtype=torch.long)
+            for row, e in enumerate(encoded):  # left padding: generation continues every prompt
+                ids[row, width - len(e) :] = torch.tensor(e)
+                mask[row, width - len(e) :] = 1
+            with torch.no_grad():
+                gen = model.generate(
+                    input_ids=ids, attention_mask=mask, max_new_tokens=256, do_sample=sample,
+                    temperature=1.0 if sample else None, top_p=1.0, top_k=0, pad_token_id=0, eos_token_id=0,
+                )  # fmt: skip
+            for row, p in enumerate(chunk):
+                text = tokenizer.decode(gen[row, width:], skip_special_tokens=True)
+                correct += arith_task.reward(text, str(p.answer)).reward
+        out[name] = correct / num_prompts
+    return out
 
 
 def sft_example(tokenizer, problem: arith_task.ArithProblem) -> tuple[list[int], int]:
@@ -174,3 +221,18 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
         loss_value = total
     model.eval()
     return loss_value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the built-in tiny model (tokenizer + warm start).")
+    parser.add_argument("--out", type=Path, default=PACKAGED_DIR, help="HF directory to write")
+    parser.add_argument("--sft-steps", type=int, default=TinyRecipe.sft_steps, help="warm-start steps")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    build_builtin_model(args.out, replace(TinyRecipe(), sft_steps=args.sft_steps), threads=args.threads, force=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -209,8 +209,9 @@ class RolloutController:
                 if exc.is_client_error:
                     raise  # our request was wrong: failing over would repeat it everywhere
                 self.counters.server_errors += 1
-                self.pool.mark_down(slot.index, str(exc))
-                continue  # re-sent (with its partial output) to another server
+                if not await slot.client.healthy():  # a dropped connection alone is not a dead server
+                    self.pool.mark_down(slot.index, str(exc))
+                continue  # re-sent with its partial output (to another server if this one is down)
             finally:
                 slot.in_flight -= 1
                 self._segments_in_flight -= 1

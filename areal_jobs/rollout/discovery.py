@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import time
 from dataclasses import dataclass
@@ -97,13 +98,39 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(host, 1)[0]
 
 
-def free_ports(host: str, count: int) -> list[int]:
-    """`count` distinct ports free right now (all held open together, so they differ)."""
-    socks = [socket.socket() for _ in range(count)]
+def free_ports(host: str, count: int, consecutive: bool = False, attempts: int = 200) -> list[int]:
+    """`count` distinct ports free right now, below the kernel's ephemeral range.
+
+    A server may bind its port tens of seconds after we pick it (SGLang loads the model first);
+    an ephemeral port could meanwhile become the source port of some outgoing connection.
+    Ports below the ephemeral range are only ever taken by explicit binds.
+    """
+    low, high = 20000, _ephemeral_low() - 1
+    rng = random.Random()
+    for _ in range(attempts):
+        if consecutive:
+            start = rng.randint(low, high - count)
+            ports = list(range(start, start + count))
+        else:
+            ports = rng.sample(range(low, high), count)
+        socks = []
+        try:
+            for port in ports:
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind((host, port))
+            return ports
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {count} free ports in {low}..{high} on {host}")
+
+
+def _ephemeral_low() -> int:
     try:
-        for sock in socks:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768

@@ -119,13 +119,15 @@ class ControllerService:
             if joined:
                 logger.info("servers %s rejoin at version %d", joined, req.version)
                 self.orch.forget_groups()
-            init = not req.disk_path and self.orch.needs_group_init(req.senders)
+            init = bool(ctl.pool.up_slots) and not req.disk_path and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
             world = ctl.pool.group_world_size()
             await self._send(
                 m.Paused(version=req.version, world_size=world, init_group=init, group_generation=generation)
             )
-            if req.disk_path:
+            if not ctl.pool.up_slots:
+                logger.warning("no rollout server is up for version %d; restarted servers will ask for it", req.version)
+            elif req.disk_path:
                 await self.orch.load_from_disk(req.version, req.disk_path)
             else:
                 if init:

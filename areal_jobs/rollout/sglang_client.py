@@ -80,9 +80,7 @@ class SGLangClient:
     async def _post(
         self, endpoint: str, body: dict[str, Any], timeout: aiohttp.ClientTimeout | None = None
     ) -> Any:
-        if self._session is None:
-            # unlimited connections: concurrency is bounded by the controller, not the pool
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self._ensure_session()
         try:
             async with self._session.post(
                 self.url + endpoint, json=body, headers=self._headers, timeout=timeout or self._call_timeout
@@ -97,6 +95,13 @@ class SGLangClient:
             raise ServerCallError(self.name, endpoint, "timed out") from None
         except aiohttp.ClientError as exc:
             raise ServerCallError(self.name, endpoint, f"{type(exc).__name__}: {exc}") from None
+
+    def _ensure_session(self) -> None:
+        if self._session is None:
+            # limit=0: concurrency is bounded by the controller, not the pool. A short keep-alive:
+            # the server closes idle connections after 5 s, and reusing one it closed fails the call
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
+            self._session = aiohttp.ClientSession(connector=connector)
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         sampling: dict[str, Any] = {
@@ -128,8 +133,7 @@ class SGLangClient:
         await self._post("/continue_generation", {})
 
     async def healthy(self) -> bool:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self._ensure_session()
         try:
             async with self._session.get(
                 self.url + "/health", headers=self._headers, timeout=self._call_timeout

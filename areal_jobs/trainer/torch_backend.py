@@ -1,8 +1,10 @@
 """Plain-torch trainer backend: a Hugging Face causal LM, one process, packed micro-batches.
 
-Per step: (1) proximal log-probs for every sample with the pre-step weights, (2) for each
-balanced micro-batch the decoupled PPO loss with gradients accumulated, normalised by the
-batch's total output tokens, (3) clip and one AdamW step.
+Per step: (1) proximal log-probs for every sample with the pre-step weights, (2) the batch is
+split into `algo.ppo_minibatches` token-balanced minibatches; for each, the decoupled PPO loss
+over its balanced micro-batches with gradients accumulated, normalised by the minibatch's output
+tokens, then clip and one AdamW step. Later minibatches see a policy that already moved: the
+clip on r = exp(θ - p) keeps it near the proximal policy.
 
 Packing: a micro-batch is one row [1, T] of concatenated sequences whose position ids restart
 at 0; transformers then builds a block-diagonal causal mask, so sequences never see each other.
@@ -92,47 +94,50 @@ class TorchBackend:
         if not samples:
             return {"train/skipped_empty_batch": 1.0}
         lengths = [len(s.input_ids) for s in samples]
-        micro = balanced_microbatches(lengths, self.cfg.max_tokens_per_microbatch)
+        budget = self.cfg.max_tokens_per_microbatch
         behav = [torch.from_numpy(s.behav_logprobs) for s in samples]
         if self.algo.decoupled:
             with torch.no_grad():
                 prox: list[torch.Tensor] = [torch.empty(0)] * len(samples)
-                for mb in micro:
+                for mb in balanced_microbatches(lengths, budget):
                     for i, lp in zip(mb, token_logprobs(self.model, [samples[i] for i in mb])):
                         prox[i] = lp.detach()
         else:
             prox = behav  # standard PPO: the behaviour policy is the trust-region anchor
         t_prox = time.perf_counter()
-        num_tokens = float(batch.num_output_tokens)
-        stats = LossStats()
-        total_loss = 0.0
-        self.optimizer.zero_grad(set_to_none=True)
-        for mb in micro:
-            logps = token_logprobs(self.model, [samples[i] for i in mb])
-            cat = torch.cat
-            loss, mb_stats = decoupled_ppo_loss(
-                cat(logps),
-                cat([prox[i] for i in mb]),
-                cat([behav[i] for i in mb]),
-                cat([torch.full((samples[i].num_output_tokens,), samples[i].advantage) for i in mb]),
-                torch.ones(sum(samples[i].num_output_tokens for i in mb)),
-                clip_eps=self.algo.clip_eps,
-                num_global_tokens=num_tokens,
-                behav_weight_cap=self.algo.behav_weight_cap,
-            )
-            loss.backward()
-            total_loss += float(loss)
-            stats.add(mb_stats)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
+        stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
+        outputs = [s.num_output_tokens for s in samples]
+        for minibatch in balanced_microbatches(outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))):
+            num_tokens = float(sum(outputs[i] for i in minibatch))
+            self.optimizer.zero_grad(set_to_none=True)
+            for local in balanced_microbatches([lengths[i] for i in minibatch], budget):
+                mb = [minibatch[j] for j in local]
+                num_micro += 1
+                loss, mb_stats = decoupled_ppo_loss(
+                    torch.cat(token_logprobs(self.model, [samples[i] for i in mb])),
+                    torch.cat([prox[i] for i in mb]),
+                    torch.cat([behav[i] for i in mb]),
+                    torch.cat([torch.full((outputs[i],), samples[i].advantage) for i in mb]),
+                    torch.ones(sum(outputs[i] for i in mb)),
+                    clip_eps=self.algo.clip_eps,
+                    num_global_tokens=num_tokens,
+                    behav_weight_cap=self.algo.behav_weight_cap,
+                )
+                loss.backward()
+                total_loss += float(loss.detach())
+                stats.add(mb_stats)
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)))
+            self.optimizer.step()
         t_end = time.perf_counter()
+        num_tokens = float(batch.num_output_tokens)
         prox_gap = torch.cat([(p - b).abs() for p, b in zip(prox, behav)])
         return {
-            "train/loss": total_loss,
-            "train/grad_norm": float(grad_norm),
+            "train/loss": total_loss / len(grad_norms),  # mean over the minibatches' token-mean losses
+            "train/grad_norm": max(grad_norms),
             "train/num_tokens": num_tokens,
             "train/num_sequences": float(len(samples)),
-            "train/num_microbatches": float(len(micro)),
+            "train/num_microbatches": float(num_micro),
+            "train/num_minibatches": float(len(grad_norms)),
             "train/prox_behav_abs_diff": float(prox_gap.mean()),
             "time/prox_logp_s": t_prox - t0,
             "time/train_s": t_end - t0,

@@ -48,6 +48,10 @@ class WeightBroadcastGroup:
         self.timeout_s = timeout_s
         self._group: dist.ProcessGroup | None = None
         self.world_size = 0
+        # One store server for the process's lifetime: re-creating it on the same port while the
+        # old one is torn down lets a joining server connect to the dying one. Each formation
+        # uses its own key prefix (the generation-named group), as SGLang does on its side.
+        self._store: dist.TCPStore | None = None
 
     @property
     def ready(self) -> bool:
@@ -55,27 +59,23 @@ class WeightBroadcastGroup:
 
     def init(self, world_size: int, generation: int) -> None:
         """Host the rendezvous and wait until every server rank joined (bounded by timeout_s)."""
-        from torch.distributed.distributed_c10d import (
-            Backend,
-            PrefixStore,
-            _new_process_group_helper,
-            _world,
-            rendezvous,
-        )
+        from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
 
         self.destroy()
         self.group_name = f"{self.base_name}-{generation}"
         timeout = timedelta(seconds=self.timeout_s)
         t0 = time.monotonic()
         try:
-            store, rank, size = next(
-                rendezvous(f"tcp://{self.master_address}:{self.master_port}", 0, world_size, timeout=timeout)
-            )
-            store.set_timeout(timeout)
-            store = PrefixStore(self.group_name, store)
+            if self._store is None:
+                self._store = dist.TCPStore(
+                    self.master_address, self.master_port, None, True, timeout, wait_for_workers=False, multi_tenant=True
+                )
+            self._store.set_timeout(timeout)
+            store = PrefixStore(self.group_name, self._store)
             self._group, _ = _new_process_group_helper(
-                size, rank, [], Backend(self.backend), store, group_name=self.group_name, timeout=timeout
+                world_size, 0, [], Backend(self.backend), store, group_name=self.group_name, timeout=timeout
             )
+            size = world_size
             # as SGLang does on its side: register the ranks so the group can be destroyed cleanly
             _world.pg_group_ranks[self._group] = {i: i for i in range(size)}
         except (RuntimeError, dist.DistBackendError) as exc:

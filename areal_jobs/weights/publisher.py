@@ -55,7 +55,7 @@ class WeightPublisher:
         )
         t_paused = time.monotonic()
         sent_bytes = 0.0
-        if not disk_path:
+        if not disk_path and paused.world_size > 1:  # world 1: no server is up to receive anything
             if paused.init_group:
                 self.group.init(paused.world_size, paused.group_generation)
             elif not self.group.ready:

@@ -109,6 +109,28 @@ def test_broadcast_makes_server_greedy_equal_trainer_greedy(sglang_server, tiny_
         assert response.output_ids == hf[: len(response.output_ids)] and len(response.output_ids) == len(hf)
 
 
+def test_broadcast_group_is_re_formed_on_the_same_port(sglang_server, tiny_model_dir):
+    """A server that rejoins forces a new group: same store port, new generation-named group.
+    Leaves the server on the original weights at version 5."""
+    weights = dict(trainer(tiny_model_dir).iter_weights())
+
+    async def go():
+        caster = Broadcaster(sglang_server)
+        try:
+            await caster.publish(weights, version=4)
+            first = caster.group.group_name
+            caster.orch.forget_groups()
+            await caster.publish(weights, version=5)
+            return first, caster.group.group_name
+        finally:
+            await caster.close()
+
+    first, second = asyncio.run(go())
+    assert first != second and first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0]
+    (response,) = asyncio.run(generate_all(sglang_server, prompts(tiny_model_dir, 1), 4, 0.0))
+    assert response.weight_version == 5
+
+
 class _ZeroScorer:
     async def score_group(self, requests):
         from areal_jobs.api import RewardResult

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from areal_jobs.rollout import discovery
+
 NUM_NODES = 4
 GPUS_PER_NODE = 8
 _DAEMONS = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel")
@@ -39,28 +41,13 @@ exit 0
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return discovery.free_port("127.0.0.1")
 
 
 def free_port_block(count: int) -> int:
-    """First of `count` consecutive free loopback ports (servers listen on base_port + index)."""
-    for _ in range(100):
-        base = free_port()
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no block of {count} free ports")
+    """First of `count` consecutive free loopback ports below the ephemeral range (servers listen on
+    base_port + index and bind minutes after submission: an ephemeral port could be taken by then)."""
+    return discovery.free_ports("127.0.0.1", count, consecutive=True)[0]
 
 
 @dataclass

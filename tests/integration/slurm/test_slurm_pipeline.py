@@ -94,7 +94,6 @@ def test_tiny_experiment_completes_as_a_het_job(slurm_cluster: LocalSlurm, tmp_p
     assert slurm_cluster.leftover_job_processes() == []
 
 
-@pytest.mark.skip(reason="needs checkpoint-on-SIGUSR1 and resume in the trainer and controller (issue 6)")
 def test_usr1_checkpoints_and_the_requeued_job_resumes(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     """The contract with the roles (see docs/slurm.md):
     - on SIGUSR1 the trainer saves model, optimizer and step N under RUN_DIR/checkpoints/, logs

@@ -87,3 +87,12 @@ def test_checkpoint_round_trip(tiny_model_dir, tmp_path):
     assert ma["train/loss"] == mb["train/loss"]
     for (na, ta), (nb, tb) in zip(a.iter_weights(), b.iter_weights(), strict=True):
         assert na == nb and torch.equal(ta, tb)
+
+
+def test_several_ppo_minibatches_take_several_clipped_steps(tiny_model_dir):
+    backend = make_backend(tiny_model_dir, ppo_minibatches=3, batch_size=4, group_size=2)
+    batch = make_batch(n=6)
+    metrics = backend.train_step(batch)
+    assert metrics["train/num_minibatches"] == 3
+    # after the first optimiser step the policy moved: ratios differ from 1 in later minibatches
+    assert metrics["ppo/approx_kl"] != 0.0
