@@ -66,6 +66,7 @@ def plot(rows: list[ScalingRow], etas: list[SimResult], title: str, path: Path) 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     gpus = [r.gpus for r in rows]
@@ -81,6 +82,7 @@ def plot(rows: list[ScalingRow], etas: list[SimResult], title: str, path: Path) 
     )
     left.set(xscale="log", xlabel="GPUs", ylabel="trained tokens/s (millions)", title="throughput vs GPUs")
     left.set_xticks(gpus, [str(g) for g in gpus])
+    left.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # no "6x10^1" labels between
     left.legend(fontsize=8)
     right.plot([r.max_staleness for r in etas], [r.tokens_per_s / 1e6 for r in etas], "o-")
     right.set(

@@ -1,0 +1,126 @@
+"""`make bench`: every benchmark section, side by side in one run, on this machine.
+
+    python -m bench                      # full: at most ~20 minutes on 2 cores
+    python -m bench --quick              # smoke version (CI): every section, small sizes
+    python -m bench --only e2e,pause     # some sections
+
+Sections (each a module with run(quick) -> dict[str, float] of flat `a/b` metrics):
+packing, controller (ceiling + ZeroMQ), weight_sync, pause (abort / in_place / drain),
+reward_overhead (rewards on vs off), e2e (async vs sync vs colocated sync), reward (rewards/s),
+trainer (torch vs Megatron tokens/s). The sections that need an SGLang server share one (2 threads),
+started once and stopped before the end-to-end runs start their own processes.
+Writes bench/results.json (metrics, per-section wall time and load average, machine) and prints
+one markdown headline table plus a table per section. A failing section is reported, the others
+still run, and the exit code is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import logging
+import os
+import platform
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench.report import markdown
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+LOG_DIR = (
+    Path(__file__).resolve().parents[1] / "runs" / "bench" / "logs"
+)  # server logs, kept for post-mortems
+
+# (name, module, shares the SGLang server), in running order: pure sections first, the end-to-end
+# runs after the shared server is gone, the long reward and trainer benches last
+SECTIONS: list[tuple[str, str, bool]] = [
+    ("packing", "bench.packing_bench", False),
+    ("controller", "bench.controller_bench", False),
+    ("weight_sync", "bench.weight_sync_bench", True),
+    ("pause", "bench.pause_bench", True),
+    ("reward_overhead", "bench.reward_overhead_bench", True),
+    ("e2e", "bench.e2e_bench", False),
+    ("reward", "bench.reward_bench", False),
+    ("trainer", "bench.trainer_bench", False),
+]
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def run_sections(names: list[str], quick: bool) -> dict:
+    from bench.harness import bench_model, sglang_server
+
+    results: dict = {"quick": quick, "sections": {}, "errors": {}, "timing_s": {}, "load_after": {}}
+    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "load_start": _load()}
+    t_start = time.monotonic()
+    chosen = [s for s in SECTIONS if s[0] in names]
+    server_users = [name for name, _, shared in chosen if shared]
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        server = None
+        for name, module, shared in chosen:
+            if shared and server is None:
+                server = stack.enter_context(sglang_server(bench_model(), 2, LOG_DIR))
+            t0 = time.monotonic()
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+            try:
+                mod = importlib.import_module(module)
+                kwargs = {"server": server} if shared else {}
+                results["sections"][name] = mod.run(quick=quick, **kwargs)
+            except Exception:  # noqa: BLE001 - one broken section must not hide the others
+                results["errors"][name] = traceback.format_exc()
+                print(results["errors"][name], file=sys.stderr)
+            results["timing_s"][name] = round(time.monotonic() - t0, 1)
+            results["load_after"][name] = _load()
+            print(
+                f"[bench] {name}: {results['timing_s'][name]} s, load {results['load_after'][name]}",
+                file=sys.stderr,
+            )
+            if shared and name == server_users[-1]:
+                stack.close()  # the end-to-end runs start their own processes: free the cores
+                server = None
+    results["machine"]["load_end"] = _load()
+    results["wall_s"] = time.monotonic() - t_start
+    return results
+
+
+def _interrupt(signum, _frame) -> None:
+    # SIGTERM (a timeout, a cancelled CI job) unwinds like Ctrl-C, so the servers we started are
+    # stopped: they run in their own sessions and would otherwise outlive us
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke version: every section, small sizes")
+    parser.add_argument(
+        "--only", default="", help="comma-separated sections: " + ",".join(s[0] for s in SECTIONS)
+    )
+    parser.add_argument("--out", default=str(RESULTS), help="results JSON path")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("AREAL_JOBS_LOG_LEVEL", "WARNING"))
+    signal.signal(signal.SIGTERM, _interrupt)
+    names = [s[0] for s in SECTIONS] if not args.only else args.only.split(",")
+    unknown = set(names) - {s[0] for s in SECTIONS}
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}")
+    results = run_sections(names, args.quick)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    text = markdown(results)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

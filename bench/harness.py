@@ -1,0 +1,278 @@
+"""What the bench sections share: the bench model, one real SGLang server, and an in-process
+rollout rig (the real RolloutController, ServerPool, SGLangClient and weight-update handshake)
+driven by a stand-in trainer that consumes groups and publishes weights.
+
+`RolloutRig.publish` runs the handshake in the order ControllerService._update_weights does:
+stop sending, pause the servers (per `rollout.pause_mode`), form the broadcast group once, let
+the trainer side (a thread here, a process in a real run) broadcast every bucket while the
+servers receive them, set the version, resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from areal_jobs.api import RewardResult, TensorSpec, WeightSender
+from areal_jobs.config import AlgoConfig, DataConfig, ModelConfig, PauseMode, RolloutConfig
+from areal_jobs.data.prompts import PromptStream
+from areal_jobs.rollout.controller import RolloutController
+from areal_jobs.rollout.discovery import free_port
+from areal_jobs.rollout.server import ServerProcess, start_server
+from areal_jobs.rollout.server_pool import ServerPool
+from areal_jobs.rollout.sglang_client import ServerCallError, SGLangClient
+from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
+from areal_jobs.transport import messages as m
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_DIR = REPO / "artifacts" / "bench-tiny-arith"
+BENCH_SFT_STEPS = 300  # enough for task-shaped answers (long-tailed lengths); built once, cached
+STEP_TIMEOUT_S = 300.0
+
+
+def bench_model() -> Path:
+    """The built-in tokenizer and tiny Qwen2, warm-started so answers follow the task's long tail."""
+    from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
+
+    return build_builtin_model(MODEL_DIR, TinyRecipe(sft_steps=BENCH_SFT_STEPS), threads=2)
+
+
+class InstantScorer:
+    """Rewards off: every answer scores 0 at once (api.RewardScorer)."""
+
+    async def score_group(self, requests):
+        return [RewardResult(0.0) for _ in requests]
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+@contextlib.contextmanager
+def sglang_server(
+    model_dir: Path, threads: int, log_dir: Path, max_total_tokens: int = 65536
+) -> Iterator[ServerProcess]:
+    """A real SGLang server (CPU engine on this machine) with `threads` torch threads."""
+    rollout = RolloutConfig(server_threads=threads, max_total_tokens=max_total_tokens)
+    log = log_dir / f"sglang-{threads}t.log"
+    server = start_server(
+        str(model_dir), "127.0.0.1", free_port(), secrets.token_hex(8), rollout, ModelConfig(), log
+    )
+    try:
+        try:
+            server.wait_healthy(timeout_s=600)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{exc}; last lines of {log}:\n{_tail(log)}") from None
+        yield server
+        if server.process.poll() is not None:
+            raise RuntimeError(f"the SGLang server died during the bench; last lines of {log}:\n{_tail(log)}")
+    finally:
+        server.stop()
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return (
+        "\n".join(line for line in text if "Ignore import error" not in line)[-4000:] if text else "(no log)"
+    )
+
+
+def model_weights(model_dir: Path) -> dict:
+    """HF-named tensors as the trainer would broadcast them (a tied lm_head is not stored)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+class TimedClient:
+    """Wraps a rollout client and records (start, end, tokens) of every /generate call, so the
+    tokens generated inside a time window can be counted even for answers that take longer than
+    the window (each call's tokens are spread evenly over its duration)."""
+
+    def __init__(self, inner: SGLangClient, skip_flush: bool = False) -> None:
+        self.inner = inner
+        self.calls: list[tuple[float, float, int]] = []
+        self.skip_flush = skip_flush
+        self.flush_retries = 0
+        self.flush_skipped = 0
+
+    async def flush_cache(self) -> None:
+        """Runtime issue (see bench/README.md): SGLang refuses /flush_cache while a request is still
+        in its running batch, which the handshake's flush after every update hits always under
+        pause_mode=in_place and sometimes right after an abort. The bench counts and works around
+        it (skip for in_place, retry for 3 s otherwise) so that the modes can be compared at all."""
+        if self.skip_flush:
+            self.flush_skipped += 1
+            return
+        for _ in range(10):
+            try:
+                return await self.inner.flush_cache()
+            except ServerCallError as exc:
+                if exc.status != 400:
+                    raise
+                self.flush_retries += 1
+                await asyncio.sleep(0.3)
+        await self.inner.flush_cache()
+
+    async def generate(self, request):
+        t0 = time.monotonic()
+        response = await self.inner.generate(request)
+        self.calls.append((t0, time.monotonic(), len(response.output_ids)))
+        return response
+
+    def __getattr__(self, name: str):  # pause, resume, weight-update calls: straight through
+        return getattr(self.inner, name)
+
+    def tokens_between(self, t0: float, t1: float) -> float:
+        total = 0.0
+        for start, end, n in self.calls:
+            overlap = min(end, t1) - max(start, t0)
+            if overlap > 0:
+                total += n * overlap / max(end - start, 1e-9)
+        return total
+
+
+class RolloutRig:
+    """One real controller on one real server; groups land in `self.groups` (an asyncio.Queue)."""
+
+    def __init__(
+        self, server: ServerProcess, model_dir: Path, rollout: RolloutConfig, algo: AlgoConfig, scorer
+    ) -> None:
+        from areal_jobs.data.tokenizer import load_tokenizer
+
+        self.tokenizer = load_tokenizer(str(model_dir))
+        self.client = SGLangClient(
+            "0", server.url, server.api_key, generate_timeout_s=600, call_timeout_s=120
+        )
+        self.timed = TimedClient(self.client, skip_flush=rollout.pause_mode is PauseMode.in_place)
+        self.pool = ServerPool()
+        self.pool.add(0, self.timed)
+        self.groups: asyncio.Queue[m.TrajectoryGroup] = asyncio.Queue()
+        stream = PromptStream(DataConfig(seed=secrets.randbelow(1 << 20)), self.tokenizer.encode)
+        self.ctl = RolloutController(
+            rollout, algo, self.pool, scorer, stream, decode=self.tokenizer.decode, push=self.groups.put
+        )
+        self.orch = WeightUpdateOrchestrator(self.pool, rollout.pause_mode, STEP_TIMEOUT_S)
+        port = free_port()
+        from areal_jobs.weights.broadcast import WeightBroadcastGroup
+
+        self.sender_group = WeightBroadcastGroup(f"bench-{port}", "127.0.0.1", port, "gloo", STEP_TIMEOUT_S)
+        self._admission: asyncio.Task | None = None
+        self.update_s: list[float] = []  # pause -> resume, per publish
+
+    def start(self) -> None:
+        self._admission = asyncio.create_task(self.ctl.admission_loop(), name="admission")
+
+    def check(self) -> None:
+        if self.ctl.fatal is not None:
+            raise RuntimeError(f"rollout failed: {self.ctl.fatal!r}")
+
+    async def take(self, count: int, timeout_s: float = 600.0) -> list[m.TrajectoryGroup]:
+        out = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < count:
+            self.check()
+            try:
+                out.append(
+                    await asyncio.wait_for(self.groups.get(), timeout=min(5.0, deadline - time.monotonic()))
+                )
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"only {len(out)}/{count} groups after {timeout_s:.0f}s") from None
+        return out
+
+    async def publish(self, version: int, weights: dict, trained: tuple[str, ...] = ()) -> None:
+        """The weight-update handshake for `version`, with the trainer half in a thread."""
+        from areal_jobs.weights.buckets import plan_buckets
+
+        t0 = time.monotonic()
+        specs = [
+            TensorSpec(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in weights.items()
+        ]
+        buckets = tuple(plan_buckets(specs, 1 << 30))
+        group = self.sender_group
+        sender = WeightSender(group.base_name, group.master_address, group.master_port, buckets)
+        ctl = self.ctl
+        ctl.on_trained(trained)
+        ctl.running.clear()
+        await self.orch.pause(lambda: ctl.segments_in_flight)
+        init = self.orch.needs_group_init((sender,))
+        generation = self.orch.next_generation() if init else self.orch.generation
+        errors: list[BaseException] = []
+
+        def trainer_side() -> None:
+            try:
+                if init:
+                    group.init(self.pool.group_world_size(), generation)
+                for b in buckets:
+                    group.send_bucket(b, [weights[t.name] for t in b.tensors], f"bench bucket {b.index}")
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, in the event loop
+                errors.append(exc)
+
+        thread = threading.Thread(target=trainer_side, daemon=True)
+        thread.start()
+        if init:
+            await self.orch.init_groups((sender,), "gloo")
+        await self.orch.receive(version, (sender,))
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, STEP_TIMEOUT_S)
+        if errors:
+            raise errors[0]
+        ctl.on_version(version)
+        await self.orch.resume()
+        ctl.running.set()
+        self.update_s.append(time.monotonic() - t0)
+
+    async def cut(self) -> float:
+        """End a measurement window now: every in-flight request returns its partial answer
+        (abort), so the window's tokens are all accounted for. Returns the window's end time."""
+        t_end = time.monotonic()
+        self.ctl.running.clear()
+        await self.client.abort_all()
+        deadline = time.monotonic() + 60
+        while self.ctl.segments_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return t_end
+
+    async def close(self) -> None:
+        """Stop generating and leave the server idle for the next rig: a request whose client went
+        away keeps running in SGLang until it notices, which would slow the next measurement."""
+        self.ctl.running.clear()  # aborted samples must not be re-sent
+        with contextlib.suppress(Exception):
+            await self.client.abort_all()
+        await self.ctl.stop()
+        if self._admission is not None:
+            self._admission.cancel()
+            await asyncio.gather(self._admission, return_exceptions=True)
+        await wait_idle(self.client)
+        if self.sender_group.ready:
+            with contextlib.suppress(Exception):
+                await self.client.destroy_weights_update_group(self.orch.group_name(self._sender_stub()))
+        self.sender_group.destroy()
+        await self.client.close()
+
+    def _sender_stub(self) -> WeightSender:
+        g = self.sender_group
+        return WeightSender(g.base_name, g.master_address, g.master_port, ())
+
+
+async def wait_idle(client: SGLangClient, timeout_s: float = 120.0) -> None:
+    """Until a one-token request comes back at once (the server has no other work left)."""
+    from areal_jobs.api import GenerateRequest
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        t0 = time.monotonic()
+        await client.generate(
+            GenerateRequest(f"bench-idle-{secrets.token_hex(4)}", [1, 2, 3], max_new_tokens=1)
+        )
+        if time.monotonic() - t0 < 0.25:
+            return
+        await asyncio.sleep(0.5)
+    logger.warning("server still busy %.0fs after the rig closed", timeout_s)

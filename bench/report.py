@@ -1,0 +1,91 @@
+"""Markdown for bench/results.json: one headline table across sections, then one table per section.
+Pure: a results dict in, text out."""
+
+from __future__ import annotations
+
+# (section, metric key, label, format) for the headline table; a missing key is skipped
+HEADLINE: list[tuple[str, str, str, str]] = [
+    ("e2e", "e2e/async_tokens_per_s", "async (eta=4) trained tokens/s", "{:,.0f}"),
+    ("e2e", "e2e/sync_tokens_per_s", "sync (eta=0, same processes) trained tokens/s", "{:,.0f}"),
+    ("e2e", "e2e/colocated_tokens_per_s", "colocated sync trained tokens/s", "{:,.0f}"),
+    ("e2e", "e2e/async_over_sync", "async / sync", "{:.2f}x"),
+    ("e2e", "e2e/ideal_overlap_bound", "ideal overlap bound (T_gen + T_train) / max", "{:.2f}x"),
+    ("e2e", "e2e/async_over_sync_share_of_bound", "async / sync as a share of the bound", "{:.0%}"),
+    ("e2e", "e2e/async_over_colocated", "async / colocated sync", "{:.2f}x"),
+    ("pause", "pause/abort_gen_tokens_per_s", "gen tokens/s under updates: abort (resubmit)", "{:,.0f}"),
+    ("pause", "pause/in_place_gen_tokens_per_s", "gen tokens/s under updates: in_place (keep KV)", "{:,.0f}"),
+    ("pause", "pause/drain_gen_tokens_per_s", "gen tokens/s under updates: drain", "{:,.0f}"),
+    ("reward_overhead", "reward_overhead/on_over_off", "gen tokens/s, rewards on / off", "{:.3f}"),
+    ("weight_sync", "weight_sync/tiny_s", "weight sync, bench model to SGLang: s", "{:.3f}"),
+    ("weight_sync", "weight_sync/tiny_gb_per_s", "weight sync, bench model to SGLang: GB/s", "{:.3f}"),
+    ("weight_sync", "weight_sync/gloo_s", "gloo broadcast of the payload: s", "{:.2f}"),
+    ("weight_sync", "weight_sync/gloo_gb_per_s", "gloo broadcast: GB/s", "{:.2f}"),
+    ("weight_sync", "weight_sync/memcpy_gb_per_s", "memcpy: GB/s", "{:.2f}"),
+    ("packing", "packing/task_nonpad_share_packed", "non-padding share, packed (task)", "{:.1%}"),
+    ("packing", "packing/task_nonpad_share_padded", "non-padding share if padded (task)", "{:.1%}"),
+    (
+        "packing",
+        "packing/paper_imbalance_balanced",
+        "micro-batch imbalance max/mean, balanced (paper lengths)",
+        "{:.3f}",
+    ),
+    (
+        "packing",
+        "packing/paper_imbalance_naive",
+        "micro-batch imbalance max/mean, naive (paper lengths)",
+        "{:.3f}",
+    ),
+    ("packing", "packing/task_imbalance_balanced", "micro-batch imbalance, balanced (task)", "{:.3f}"),
+    ("packing", "packing/task_imbalance_naive", "micro-batch imbalance, naive (task)", "{:.3f}"),
+    (
+        "controller",
+        "controller/completed_requests_per_s",
+        "controller ceiling: requests/s completed",
+        "{:,.0f}",
+    ),
+    (
+        "controller",
+        "controller/admitted_requests_per_s",
+        "controller ceiling: requests/s admitted",
+        "{:,.0f}",
+    ),
+    ("controller", "transport/messages_per_s", "ZeroMQ trajectory messages/s", "{:,.0f}"),
+    ("controller", "transport/mb_per_s", "ZeroMQ trajectory MB/s", "{:,.1f}"),
+    ("reward", "reward/math_per_s", "rewards/s: math (numeric)", "{:,.0f}"),
+    ("reward", "reward/math_symbolic_per_s", "rewards/s: math (symbolic)", "{:,.1f}"),
+    ("reward", "reward/code_per_s", "rewards/s: code (sandboxed)", "{:,.1f}"),
+    ("trainer", "trainer/torch_tokens_per_s", "trainer tokens/s: torch backend", "{:,.0f}"),
+    ("trainer", "trainer/megatron_tokens_per_s", "trainer tokens/s: Megatron (CPU, TP=1)", "{:,.0f}"),
+]
+
+
+def headline_table(results: dict) -> str:
+    sections = results.get("sections", {})
+    lines = ["| section | measure | value |", "|---|---|---:|"]
+    for section, key, label, fmt in HEADLINE:
+        value = sections.get(section, {}).get(key)
+        if value is not None:
+            lines.append(f"| {section} | {label} | {fmt.format(value)} |")
+    for section, error in results.get("errors", {}).items():
+        lines.append(f"| {section} | FAILED | {error.splitlines()[0][:80]} |")
+    return "\n".join(lines)
+
+
+def section_table(name: str, metrics: dict[str, float]) -> str:
+    lines = [f"### {name}", "", "| metric | value |", "|---|---:|"]
+    for key, value in metrics.items():
+        lines.append(f"| `{key}` | {value:.4g} |")
+    return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    m = results.get("machine", {})
+    mode = "quick" if results.get("quick") else "full"
+    head = (
+        f"## make bench ({mode}): {m.get('cpus', '?')} CPUs, load average {m.get('load_start', '?')} at start, "
+        f"{m.get('load_end', '?')} at end, {results.get('wall_s', 0):.0f} s"
+    )
+    parts = [head, headline_table(results)]
+    for name, metrics in results.get("sections", {}).items():
+        parts.append(section_table(name, metrics))
+    return "\n\n".join(parts) + "\n"
