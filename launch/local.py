@@ -3,11 +3,13 @@
 Builds the built-in tiny model if needed, writes RUN_DIR/config.yaml, starts the SGLang
 server(s), the rollout controller and the trainer as separate processes (logs in RUN_DIR/logs/,
 PIDs in RUN_DIR/pids.json), shows a progress bar from RUN_DIR/metrics.jsonl, and prints the
-final line from summary.json.
+final line from summary.json. trainer=megatron runs trainer.tp_size * pp_size * dp_size trainer
+processes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT as torchrun sets them): rank 0 logs to
+logs/trainer.log, rank r > 0 to logs/trainer-<r>.log.
 
 Faults: a rollout server that dies is restarted (rollout.max_server_restarts) and rejoins with
-the current weights. If the trainer or controller fails, everything is stopped (by PID), the
-failing log is named, and running the same command again resumes from the last checkpoint.
+the current weights. If any trainer rank or the controller fails, everything is stopped (by PID),
+the failing log is named, and running the same command again resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from areal_jobs.config import ClusterKind, JobConfig, register_configs, save_job_config, to_job_config
+from areal_jobs.config import (
+    ClusterKind,
+    JobConfig,
+    TrainerBackend,
+    register_configs,
+    save_job_config,
+    to_job_config,
+)
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import read_jsonl
 from areal_jobs.report import final_line
@@ -89,6 +98,25 @@ def start_role(name: str, module: str, config: Path, env: dict[str, str], log: P
     return Role(name, proc, log)
 
 
+def start_trainers(cfg: JobConfig, config: Path, env: dict[str, str], logs: Path) -> list[Role]:
+    """One process per trainer rank, rank 0 first; they rendezvous on a free loopback port."""
+    t = cfg.trainer
+    if t.backend is not TrainerBackend.megatron:
+        return [start_role("trainer", "areal_jobs.trainer.main", config, env, logs / "trainer.log")]
+    from areal_jobs.rollout.discovery import free_port
+
+    world, port = t.tp_size * t.pp_size * t.dp_size, free_port("127.0.0.1")
+    roles = []
+    for rank in range(world):
+        rank_env = dict(
+            env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        )  # fmt: skip
+        name = "trainer" if rank == 0 else f"trainer-{rank}"
+        roles.append(start_role(name, "areal_jobs.trainer.main", config, rank_env, logs / f"{name}.log"))
+    return roles
+
+
 def stop_roles(roles: list[Role], timeout_s: float = 30.0) -> None:
     """SIGTERM each role's process group, then SIGKILL what is left after timeout_s."""
     for role in roles:
@@ -138,8 +166,8 @@ def launch(cfg: JobConfig) -> int:
     controller = start_role(
         "controller", "areal_jobs.rollout.main", config_path, env, logs / "controller.log"
     )
-    trainer = start_role("trainer", "areal_jobs.trainer.main", config_path, env, logs / "trainer.log")
-    roles = [*servers, controller, trainer]
+    trainers = start_trainers(cfg, config_path, env, logs)
+    roles = [*servers, controller, *trainers]
     try:
         failed = _watch(
             roles, servers, start_server, cfg.rollout.max_server_restarts, run_dir, cfg.trainer.total_steps
@@ -165,10 +193,15 @@ def launch(cfg: JobConfig) -> int:
 def _watch(
     roles: list[Role], servers: list[Role], restart, max_restarts: int, run_dir: Path, total_steps: int
 ) -> str | None:
-    """Progress bar until the trainer exits; restarts dead servers; returns why the run failed."""
+    """Progress bar until the trainer exits; restarts dead servers; returns why the run failed.
+
+    `roles` is servers, controller, then the trainer ranks (rank 0 first). A trainer rank > 0 or
+    the controller exits 0 only once rank 0 has said Stop; any non-zero exit fails the run."""
     from tqdm import tqdm
 
-    controller, trainer = roles[-2], roles[-1]
+    controller = next(r for r in roles if r.name == "controller")
+    trainers = roles[roles.index(controller) + 1 :]
+    trainer = trainers[0]
     rows = read_jsonl(run_dir / "metrics.jsonl")
     done = sum(1 for r in rows if "train/version" in r)
     bar = tqdm(total=total_steps, initial=done, desc="RL", unit="step", dynamic_ncols=True, mininterval=2.0)
@@ -177,21 +210,20 @@ def _watch(
     try:
         while True:
             if trainer.process.poll() == 0:
+                failed = _wait_all(trainers[1:], 120, "after trainer rank 0")
+                if failed:
+                    return failed
                 try:
                     code = controller.process.wait(timeout=120)
                 except subprocess.TimeoutExpired:
                     return f"the controller did not exit within 120s after the trainer; see {controller.log}"
                 return None if code == 0 else f"controller exited with code {code}; see {controller.log}"
-            for role in (trainer, controller):
+            for role in (*trainers, controller):
                 code = role.process.poll()
-                if code is not None and not (role is controller and code == 0):
+                if code is not None and code != 0:
                     return f"{role.name} exited with code {code}; see {role.log}"
             if controller.process.poll() == 0:  # it leaves first after Stop: give the trainer time to finish
-                try:
-                    code = trainer.process.wait(timeout=600)
-                except subprocess.TimeoutExpired:
-                    return f"the trainer did not finish within 600s after the controller stopped; see {trainer.log}"
-                return None if code == 0 else f"trainer exited with code {code}; see {trainer.log}"
+                return _wait_all(trainers, 600, "after the controller stopped")
             for i, server in enumerate(servers):
                 code = server.process.poll()
                 if code is None:
@@ -222,6 +254,19 @@ def _watch(
             time.sleep(_POLL_S)
     finally:
         bar.close()
+
+
+def _wait_all(roles: list[Role], timeout_s: float, when: str) -> str | None:
+    """Wait for every role to exit; why the run failed, or None if all exited 0 in time."""
+    deadline = time.monotonic() + timeout_s
+    for role in roles:
+        try:
+            code = role.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return f"{role.name} did not finish within {timeout_s:.0f}s {when}; see {role.log}"
+        if code != 0:
+            return f"{role.name} exited with code {code}; see {role.log}"
+    return None
 
 
 def _write_pids(run_dir: Path, roles: list[Role]) -> None:

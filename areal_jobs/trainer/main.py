@@ -1,12 +1,16 @@
-"""The trainer process (rank 0 of the trainer group talks to the controller).
+"""The trainer process: one per trainer rank; rank 0 talks to the controller.
 
     python -m areal_jobs.trainer.main --config RUN_DIR/config.yaml
 
 Setup (resuming from RUN_DIR/checkpoints/latest when present), then `TrainLoop` until
 trainer.total_steps, checkpointing every checkpoint.every_steps, then Stop: the controller runs
-the final evaluation; this process writes summary.json, the reward/accuracy PNG and a final
-Hugging Face checkpoint. SIGUSR1/SIGTERM: checkpoint at the last finished step and exit 0
-(SLURM requeues; the next attempt resumes). Any failure exits non-zero, naming the stage.
+the final evaluation; rank 0 writes summary.json, the reward/accuracy PNG and a final Hugging
+Face checkpoint. SIGUSR1/SIGTERM: checkpoint at the last finished step and exit 0 (SLURM
+requeues; the next attempt resumes). Any failure on any rank exits every rank non-zero.
+
+Several ranks (trainer=megatron, one process per GPU, RANK/WORLD_SIZE/MASTER_* from the launcher):
+every rank sets up the backend; rank 0 runs all of the above and announces each collective call
+(train step, weight broadcast, checkpoint, save_hf) to the others, which follow (trainer/ranks.py).
 """
 
 from __future__ import annotations
@@ -16,22 +20,32 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
+from areal_jobs.api import WeightSender
 from areal_jobs.config import JobConfig, TrainerBackend, load_job_config
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import build_sink
 from areal_jobs.report import final_line, plot_run, write_summary
-from areal_jobs.rollout import discovery
 from areal_jobs.trainer import checkpoint as ckpt
-from areal_jobs.trainer.inbox import Inbox
+from areal_jobs.trainer import ranks, session
 from areal_jobs.trainer.loop import Preempted, TrainLoop
 from areal_jobs.transport import messages as m
-from areal_jobs.transport.channels import TrainerChannel
-from areal_jobs.weights.publisher import WeightPublisher
+from areal_jobs.weights.publisher import StageSender, WeightPublisher, gather_senders
 
 logger = logging.getLogger("areal_jobs.trainer.main")
+
+
+def start_ranks(cfg: JobConfig) -> ranks.RankChannel:
+    """Megatron: join the trainer's process group first, on every rank (before ZeroMQ or anything)."""
+    if cfg.trainer.backend is not TrainerBackend.megatron:
+        return ranks.RankChannel.single()
+    from areal_jobs.trainer.megatron_backend import init_distributed
+
+    init_distributed(cfg.trainer)
+    return ranks.RankChannel.join(ranks.command_timeout_s(cfg))
 
 
 def build_backend(cfg: JobConfig):
@@ -45,45 +59,41 @@ def build_backend(cfg: JobConfig):
     return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
 
 
-def save_checkpoint(run_dir: Path, loop: TrainLoop, inbox: Inbox, keep_last: int, timeout_s: float) -> None:
-    """Both halves of a consistent cut at step `loop.step`; generation keeps running meanwhile."""
-    t0 = time.monotonic()
-    folder = ckpt.step_dir(run_dir, loop.step)
-    inbox.channel.send(
-        m.CheckpointRequest(step=loop.step, version=loop.version, path=str(folder / "rollout"))
-    )
-    loop.backend.save_checkpoint(str(folder / "trainer"))
-    saved = inbox.wait_for(m.CheckpointSaved, timeout_s, f"the controller saving checkpoint step {loop.step}")
-    evals = [vars_of(e) for e in inbox.all_evals]
-    ckpt.commit(run_dir, folder, {**loop.state_dict(), "evals": evals}, keep_last)
-    logger.info(
-        "checkpoint saved at step %d in %.1fs (%d untrained groups, %d partial samples)",
-        loop.step, time.monotonic() - t0, saved.num_groups, saved.num_partial_samples,
-    )  # fmt: skip
-
-
-def vars_of(ev: m.EvalResult) -> dict:
-    return {"version": ev.version, "accuracy": ev.accuracy, "mean_reward": ev.mean_reward,
-            "num_prompts": ev.num_prompts, "kind": ev.kind}  # fmt: skip
-
-
 def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
+    """Every rank sets up; then rank 0 leads and the others follow it until Stop."""
     import torch
+
+    preempt = threading.Event()  # SIGUSR1/SIGTERM never kill a rank: rank 0 decides what they mean
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda *_: preempt.set())
+    torch.set_num_threads(cfg.trainer.threads)
+    channel = start_ranks(cfg)
+    backend = build_backend(cfg)
+    backend.setup()
+    stage = StageSender.create(
+        cfg.weight_sync, backend, channel.rank // (cfg.trainer.tp_size * cfg.trainer.dp_size)
+    )
+    senders = gather_senders(channel, stage)  # Megatron rank order: tp fastest, then dp, then pp
+    if channel.rank > 0:
+        ranks.follow(channel, backend, stage, preempt)
+        return None
+    try:
+        summary = lead(cfg, run_dir, token, ranks.LeaderBackend(backend, channel), stage, senders, preempt)
+    except BaseException as exc:
+        channel.abort(f"{type(exc).__name__}: {exc}")
+        raise
+    channel.send(ranks.Stop())
+    return summary
+
+
+def lead(cfg: JobConfig, run_dir: Path, token: str, backend: ranks.LeaderBackend, stage: StageSender,
+         senders: tuple[WeightSender, ...], preempt: threading.Event) -> dict | None:  # fmt: skip
+    """Rank 0: the controller session, the TrainLoop, checkpoints and the end-of-run outputs."""
     from tqdm import tqdm
 
     t_start = float(os.environ.get("AREAL_JOB_START_TIME", time.time()))
-    torch.set_num_threads(cfg.trainer.threads)
-    backend = build_backend(cfg)
-    backend.setup()
-    host = os.environ.get("AREAL_CONTROLLER_HOST")
-    if host and cfg.rollout.controller_port:
-        ports = (cfg.rollout.controller_port, cfg.rollout.controller_port + 1)
-    else:
-        host, *ports = discovery.wait_for_controller(run_dir, cfg.rollout.server_start_timeout_s + 600)
-    inbox = Inbox(TrainerChannel(host, ports[0], ports[1], token).connect())
-    bind = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
-    port = cfg.weight_sync.master_port or discovery.free_port(bind)
-    publisher = WeightPublisher(cfg.weight_sync, inbox, bind, port, run_dir / "weights")
+    inbox = session.connect(cfg, run_dir, token)
+    publisher = WeightPublisher(cfg.weight_sync, inbox, backend.channel, stage, senders, run_dir / "weights")
     latest = ckpt.latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
     if latest is not None:  # before the sink opens metrics.jsonl: rows past the checkpoint go
         ckpt.truncate_jsonl(run_dir / "metrics.jsonl", ckpt.read_meta(latest)["step"])
@@ -91,45 +101,28 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
     loop = TrainLoop(
         cfg.algo, backend, inbox, publisher, sink, run_dir / "ledger.jsonl", cfg.trainer.batch_wait_timeout_s
     )
-    for sig in (signal.SIGUSR1, signal.SIGTERM):
-        signal.signal(sig, lambda *_: loop.preempt.set())
+    loop.preempt = preempt
     if latest is not None:
-        meta = ckpt.read_meta(latest)
-        backend.load_checkpoint(str(latest / "trainer"))
-        loop.load_state_dict(meta)
-        inbox.all_evals = [m.EvalResult(**e) for e in meta.get("evals", [])]
-        dropped = ckpt.truncate_jsonl(run_dir / "ledger.jsonl", loop.step)
-        logger.info(
-            "resumed from checkpoint at step %d (version %d; %d later ledger rows dropped)",
-            loop.step,
-            loop.version,
-            dropped,
-        )
+        session.restore(run_dir, latest, loop, inbox)
     inbox.channel.send(m.TrainerHello(version=loop.version, step=loop.step, resumed=latest is not None))
     inbox.wait_for(m.ControllerHello, cfg.weight_sync.step_timeout_s * 5, "saying hello to the controller")
     if latest is not None:  # the servers restarted with the base model: give them this version first
         publisher.publish(loop.version, backend, trained=())
-    every = cfg.checkpoint.every_steps
-    timeout_s = cfg.weight_sync.step_timeout_s
+    every, timeout_s = cfg.checkpoint.every_steps, cfg.weight_sync.step_timeout_s
     saved_step = loop.step if latest is not None else -1
     try:
-        for _ in tqdm(
-            range(loop.step, cfg.trainer.total_steps),
-            desc="train",
-            unit="step",
-            mininterval=5.0,
-            disable=None,
-        ):
+        steps = range(loop.step, cfg.trainer.total_steps)
+        for _ in tqdm(steps, desc="train", unit="step", mininterval=5.0, disable=None):
             loop.run_step()
             if every and loop.step % every == 0 and loop.step < cfg.trainer.total_steps:
-                save_checkpoint(run_dir, loop, inbox, cfg.checkpoint.keep_last, timeout_s)
+                session.save_checkpoint(run_dir, loop, inbox, cfg.checkpoint.keep_last, timeout_s)
                 saved_step = loop.step
-            if loop.preempt.is_set():
+            if preempt.is_set():
                 raise Preempted()
     except Preempted:
         logger.info("preempted after step %d: checkpointing", loop.step)
         if saved_step != loop.step:
-            save_checkpoint(run_dir, loop, inbox, cfg.checkpoint.keep_last, timeout_s)
+            session.save_checkpoint(run_dir, loop, inbox, cfg.checkpoint.keep_last, timeout_s)
         else:  # the periodic checkpoint of this very step stands
             logger.info("checkpoint saved at step %d (periodic)", loop.step)
         inbox.channel.send(m.Stop(reason="preempted", final_eval=False))
@@ -143,22 +136,7 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
     sink.close()
     publisher.close()
     inbox.channel.close()
-    evals = {ev.kind: ev.accuracy for ev in inbox.all_evals}
-    summary = {
-        "accuracy_start": evals.get("start"),
-        "accuracy_end": evals.get("final"),
-        "greedy_accuracy_start": evals.get("start_greedy"),
-        "greedy_accuracy_end": evals.get("final_greedy"),
-        "steps": loop.step,
-        "wall_s": round(time.time() - t_start, 1),
-        "max_staleness_seen": loop.max_staleness_seen,
-        "interrupted_requests": int(stopped.metrics.get("rollout/interrupted_requests", 0)),
-        "trained_tokens": loop.trained_tokens,
-        "expired_groups": loop.expired_groups,
-        "max_staleness": cfg.algo.max_staleness,
-        "resumed": latest is not None,
-        "final_checkpoint": str(run_dir / "final_hf"),
-    }
+    summary = session.summary(cfg, run_dir, loop, inbox, stopped, latest is not None, t_start)
     write_summary(run_dir, summary)
     plot_run(run_dir)
     logger.info(final_line(summary))
@@ -178,10 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no job token: set AREAL_JOB_TOKEN (the launcher does) or run.token")
     try:
         run(cfg, Path(args.config).resolve().parent, token)
-        return 0
     except Exception:
         logger.exception("trainer failed")
+        ranks.exit_now(1)  # several ranks: a collective left pending must not block the exit
         return 1
+    if cfg.trainer.backend is TrainerBackend.megatron:
+        from areal_jobs.trainer.megatron_backend import shutdown_distributed
+
+        shutdown_distributed()
+    return 0
 
 
 if __name__ == "__main__":
