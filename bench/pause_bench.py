@@ -80,9 +80,7 @@ async def _run(server, model_dir: Path, quick: bool) -> dict[str, float]:
     for _ in range(rounds):
         for mode in (PauseMode.abort, PauseMode.in_place, PauseMode.drain):
             got = await measure_mode(server, model_dir, mode, duration_s, interval_s)
-            acc = totals.setdefault(
-                mode, {"tokens": 0.0, "elapsed_s": 0.0, "update_s": 0.0, "interrupted": 0.0}
-            )
+            acc = totals.setdefault(mode, dict.fromkeys(got, 0.0))
             for key in ("tokens", "elapsed_s", "interrupted", "flush_retries", "flush_skipped"):
                 acc[key] += got[key]
             acc["update_s"] += got["update_s"] / rounds
