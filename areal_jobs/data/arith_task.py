@@ -36,23 +36,39 @@ class ArithProblem:
     solution: str  # the worked chain of thought, including the final sentence
     answer: int
     num_steps: int
+    start: int
+    ops: tuple[tuple[str, int], ...]  # (sign, operand) per step
 
 
 def problem_at(seed: int, index: int) -> ArithProblem:
     """The `index`-th problem of the stream `seed`: deterministic, O(1) to reach any index."""
     rng = random.Random(seed * 1_000_000_007 + index)
     num_steps = rng.choices(range(1, MAX_STEPS + 1), weights=_STEP_WEIGHTS)[0]
-    start = value = rng.randint(0, MODULUS - 1)
-    ops = [(rng.choice("+-"), rng.randint(1, MAX_OPERAND)) for _ in range(num_steps)]
-    steps = []
-    for label, (sign, operand) in zip(_LABELS, ops):
-        new = (value + operand if sign == "+" else value - operand) % MODULUS
-        steps.append(f"{label}: {value}{sign}{operand}={new}")
-        value = new
+    start = rng.randint(0, MODULUS - 1)
+    ops = tuple((rng.choice("+-"), rng.randint(1, MAX_OPERAND)) for _ in range(num_steps))
     listed = "; ".join(f"{label} {sign}{operand}" for label, (sign, operand) in zip(_LABELS, ops))
     prompt = f"Q: start {start}; {listed}. (mod {MODULUS})\nA:"
-    solution = f" {start}; " + "; ".join(steps) + f". The answer is {value}."
-    return ArithProblem(prompt=prompt, solution=solution, answer=value, num_steps=num_steps)
+    solution, answer = worked_solution(start, ops)
+    return ArithProblem(prompt, solution, answer, num_steps, start, ops)
+
+
+def worked_solution(
+    start: int, ops: tuple[tuple[str, int], ...], slip_rate: float = 0.0, rng: random.Random | None = None
+) -> tuple[str, int]:
+    """The chain of thought and its final value.
+
+    `slip_rate` > 0 writes a wrong digit for a step's result with that probability, and the chain
+    carries on from it: a careless but self-consistent worker. The warm start learns from such
+    answers, so its sampling distribution is diffuse while its most likely digit is right.
+    """
+    value, steps = start, []
+    for label, (sign, operand) in zip(_LABELS, ops):
+        new = (value + operand if sign == "+" else value - operand) % MODULUS
+        if slip_rate and rng is not None and rng.random() < slip_rate:
+            new = (new + rng.randint(1, MODULUS - 1)) % MODULUS
+        steps.append(f"{label}: {value}{sign}{operand}={new}")
+        value = new
+    return f" {start}; " + "; ".join(steps) + f". The answer is {value}.", value
 
 
 def eval_problem_at(seed: int, index: int) -> ArithProblem:

@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import math
+import random
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -40,14 +41,15 @@ class TinyRecipe:
 
     vocab_size: int = 384
     hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 4
+    intermediate_size: int = 1024
+    num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
     max_positions: int = 512
     sft_steps: int = 600
-    sft_tokens_per_step: int = 2048
+    sft_tokens_per_step: int = 512
     sft_lr: float = 3e-3
+    sft_slip_rate: float = 0.35  # share of result digits written wrong in the warm-start answers
     seed: int = 0
     recipe_version: int = 1
 
@@ -162,14 +164,14 @@ def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) ->
     return out
 
 
-def sft_example(tokenizer, problem: arith_task.ArithProblem) -> tuple[list[int], int]:
+def sft_example(tokenizer, problem: arith_task.ArithProblem, solution: str | None = None) -> tuple[list[int], int]:
     """Token ids of prompt + solution + EOS, and the prompt length (loss starts after it).
 
     Prompt and solution are tokenised separately, exactly as generation sees them: the server
     continues from the prompt's ids, so the boundary must not be merged by BPE.
     """
     prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
-    answer = tokenizer.encode(problem.solution, add_special_tokens=False) + [tokenizer.eos_token_id]
+    answer = tokenizer.encode(solution or problem.solution, add_special_tokens=False) + [tokenizer.eos_token_id]
     return prompt + answer, len(prompt)
 
 
@@ -192,10 +194,13 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     loss_value, index = float("nan"), 0
+    slips = random.Random(recipe.seed)
     for _ in tqdm(range(recipe.sft_steps), desc="warm start (SFT)", unit="step", mininterval=2.0):
         seqs, masks, used = [], [], 0
         while used < recipe.sft_tokens_per_step:
-            ids, prompt_len = sft_example(tokenizer, arith_task.problem_at(SFT_SEED, index))
+            problem = arith_task.problem_at(SFT_SEED, index)
+            careless, _ = arith_task.worked_solution(problem.start, problem.ops, recipe.sft_slip_rate, slips)
+            ids, prompt_len = sft_example(tokenizer, problem, careless)
             index += 1
             seqs.append(np.asarray(ids))
             masks.append(np.arange(len(ids)) >= prompt_len)  # loss on the answer and EOS only

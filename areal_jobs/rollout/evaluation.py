@@ -1,7 +1,9 @@
 """Held-out evaluation on the rollout servers: one sample per prompt, scored by the reward pool.
 
-An evaluation request interrupted by a weight update is restarted from scratch (not continued),
-so every evaluated answer comes from one policy version; the versions seen are reported.
+Start and final evaluations run while no weights change, so every answer comes from one policy
+version. A periodic evaluation runs beside training: an answer interrupted by a weight update is
+continued (prompt + partial output) like a training sample, so evaluations finish however often
+the weights change; the versions seen are reported with the result.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from areal_jobs.rollout.sglang_client import ServerCallError
 
 logger = logging.getLogger(__name__)
 
-_MAX_ATTEMPTS = 50
+_MAX_ATTEMPTS = 10_000  # one per weight update it lives through, at most
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ async def evaluate(
     limiter = asyncio.Semaphore(concurrency)
 
     async def one(i: int, prompt: Prompt) -> tuple[list[int], int]:
+        output: list[int] = []
         async with limiter:
             for attempt in range(_MAX_ATTEMPTS):
                 await running.wait()
@@ -54,8 +57,8 @@ async def evaluate(
                     continue
                 request = GenerateRequest(
                     rid=f"eval-{tag}-{i}.{attempt}",
-                    input_ids=prompt.input_ids,
-                    max_new_tokens=max_new_tokens,
+                    input_ids=prompt.input_ids + output,
+                    max_new_tokens=max_new_tokens - len(output),
                     temperature=temperature,
                     top_p=1.0,
                 )
@@ -63,12 +66,16 @@ async def evaluate(
                 try:
                     response = await slot.client.generate(request)
                 except ServerCallError as exc:
-                    pool.mark_down(slot.index, str(exc))
+                    if exc.is_client_error:
+                        raise
+                    if not await slot.client.healthy():
+                        pool.mark_down(slot.index, str(exc))
                     continue
                 finally:
                     slot.in_flight -= 1
-                if response.finish_reason is not FinishReason.abort:
-                    return response.output_ids, response.weight_version
+                output += response.output_ids
+                if response.finish_reason is not FinishReason.abort or len(output) >= max_new_tokens:
+                    return output, response.weight_version
             raise RuntimeError(f"evaluation prompt {i} was interrupted {_MAX_ATTEMPTS} times")
 
     outputs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))

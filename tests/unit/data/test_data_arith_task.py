@@ -38,3 +38,23 @@ def test_reward_and_parse_errors():
 def test_answer_lengths_are_long_tailed():
     lengths = [len(arith_task.problem_at(1, i).solution) for i in range(4000)]
     assert max(lengths) >= 5 * statistics.median(lengths)
+
+
+def test_careless_solutions_stay_self_consistent():
+    import random
+
+    rng = random.Random(0)
+    slipped = 0
+    for index in range(300):
+        p = arith_task.problem_at(1, index)
+        text, value = arith_task.worked_solution(p.start, p.ops, slip_rate=0.5, rng=rng)
+        # every step continues from the digit written before it, and the answer is the last one
+        values = [p.start]
+        for step in text.split("; ")[1:]:
+            lhs, rhs = step.split(": ")[1].split("=")
+            assert int(lhs[0]) == values[-1]
+            values.append(int(rhs[0]))
+        assert value == values[-1] and text.endswith(f"The answer is {value}.")
+        slipped += value != p.answer
+    assert 0 < slipped < 300
+    assert arith_task.worked_solution(p.start, p.ops) == (p.solution, p.answer)
