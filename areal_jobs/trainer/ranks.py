@@ -127,6 +127,7 @@ class RankChannel:
         self.rank = rank
         self.world_size = world_size
         self.command_timeout_s = command_timeout_s
+        self.broken = False  # a broadcast failed: the group is unusable (a peer died or hung)
 
     @classmethod
     def single(cls) -> RankChannel:
@@ -156,7 +157,7 @@ class RankChannel:
 
     def abort(self, reason: str) -> None:
         """Rank 0 is failing: tell the others, bounded and best effort (they may be gone)."""
-        if self.world_size == 1:
+        if self.world_size == 1 or self.broken:
             return
         try:
             self.send(Abort(reason[:2000]), ABORT_TIMEOUT_S)
@@ -190,13 +191,14 @@ class RankChannel:
         self._wait(dist.broadcast(buf, group=self.group, group_src=0, async_op=True), timeout_s, what)
         return bytes(buf.numpy())
 
-    @staticmethod
-    def _wait(work: Any, timeout_s: float, what: str) -> None:
+    def _wait(self, work: Any, timeout_s: float, what: str) -> None:
         try:
             done = work.wait(timeout=timedelta(seconds=timeout_s))
         except (RuntimeError, dist.DistBackendError) as exc:
+            self.broken = True
             raise RankAborted(f"{what}: {exc}") from exc
         if done is False:
+            self.broken = True
             raise RankAborted(f"{what}: nothing within {timeout_s:.0f}s")
 
 
