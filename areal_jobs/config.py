@@ -87,8 +87,8 @@ class ModelConfig:
 
     path: str = ""  # HF model directory; empty = the built-in tiny model (built on first use)
     dtype: DType = DType.float32  # parameter dtype in trainer and rollout servers
-    builtin_dir: str = "artifacts/tiny-arith"  # where the built-in model is built and cached
-    builtin_sft_steps: int = 600  # supervised warm-start steps for the built-in model
+    builtin_dir: str = "areal_jobs/data/builtin_model"  # the committed warm start; another dir builds one
+    builtin_sft_steps: int = 2000  # phase-1 warm-start steps (a different value needs another builtin_dir)
 
     def __post_init__(self) -> None:
         if self.builtin_sft_steps < 0:
@@ -180,13 +180,13 @@ class TrainerConfig:
     """Policy optimisation: the backend, optimiser, packing and parallel layout."""
 
     backend: TrainerBackend = TrainerBackend.torch
-    total_steps: int = 60
-    lr: float = 2e-4
+    total_steps: int = 100
+    lr: float = 3e-4
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     grad_clip: float = 1.0
-    max_tokens_per_microbatch: int = 4096  # packing budget; every micro-batch gets about the same
+    max_tokens_per_microbatch: int = 1024  # packing budget; every micro-batch gets about the same
     threads: int = 1  # torch threads per trainer process (CPU mode)
     seed: int = 1
     tp_size: int = 1  # megatron only
@@ -361,7 +361,7 @@ class RunConfig:
 
     name: str = "tiny-arith"
     root: str = "runs"  # run directory = <root>/<name>
-    eval_every_steps: int = 10
+    eval_every_steps: int = 20
     log_level: str = "INFO"  # AREAL_JOBS_LOG_LEVEL overrides
     tensorboard: bool = True
     token: str = ""  # job token for the control channel and API key; empty = generated

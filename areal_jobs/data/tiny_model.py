@@ -46,12 +46,15 @@ class TinyRecipe:
     num_heads: int = 4
     num_kv_heads: int = 2
     max_positions: int = 512
-    sft_steps: int = 600
+    sft_steps: int = 2000  # phase 1: correct worked answers (the arithmetic facts are learned here)
+    sft_decay_steps: int = 3000  # phase 1's cosine horizon: it stops before the rate has decayed
     sft_tokens_per_step: int = 512
     sft_lr: float = 3e-3
-    sft_slip_rate: float = 0.35  # share of result digits written wrong in the warm-start answers
+    careless_steps: int = 300  # phase 2: careless answers at a constant rate
+    careless_lr: float = 1e-3
+    sft_slip_rate: float = 0.4  # phase 2: share of result digits written wrong
     seed: int = 0
-    recipe_version: int = 1
+    recipe_version: int = 2
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int):
@@ -176,38 +179,50 @@ def sft_example(tokenizer, problem: arith_task.ArithProblem, solution: str | Non
 
 
 def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
-    """Packed SFT (no padding): each step packs worked examples up to `sft_tokens_per_step`."""
+    """Packed SFT (no padding) in two phases; each step packs examples up to `sft_tokens_per_step`.
+
+    Phase 1 teaches the task from correct answers, stopping early (weak on long chains). Phase 2
+    continues on careless answers (`sft_slip_rate`): the most likely digit stays right while the
+    sampling distribution spreads out, so sampling at temperature 1 is much weaker than greedy
+    decoding. That gap is what RL closes first, as it does for real SFT'd policies.
+    """
     import numpy as np
     import torch
     from tqdm import tqdm
 
     from areal_jobs.trainer.packing import balanced_microbatches, pack
 
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
-    warmup = max(1, recipe.sft_steps // 10)
+    warmup = max(1, recipe.sft_decay_steps // 10)
 
-    def lr_at(step: int) -> float:
+    def phase1_factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.sft_steps - warmup)))
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.sft_decay_steps - warmup)))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
+    slips = random.Random(recipe.seed + 1)
     model.train()
     loss_value, index = float("nan"), 0
-    slips = random.Random(recipe.seed)
-    for _ in tqdm(range(recipe.sft_steps), desc="warm start (SFT)", unit="step", mininterval=2.0):
+    # phase 2 continues phase 1: sft_steps=0 means an untrained model (fast, for tests)
+    total = recipe.sft_steps + recipe.careless_steps if recipe.sft_steps else 0
+    for step in tqdm(range(total), desc="warm start (SFT)", unit="step", mininterval=5.0):
+        careless = step >= recipe.sft_steps
+        for group in opt.param_groups:
+            group["lr"] = recipe.careless_lr if careless else recipe.sft_lr * phase1_factor(step)
         seqs, masks, used = [], [], 0
         while used < recipe.sft_tokens_per_step:
             problem = arith_task.problem_at(SFT_SEED, index)
-            careless, _ = arith_task.worked_solution(problem.start, problem.ops, recipe.sft_slip_rate, slips)
-            ids, prompt_len = sft_example(tokenizer, problem, careless)
             index += 1
+            solution = None
+            if careless:
+                solution, _ = arith_task.worked_solution(problem.start, problem.ops, recipe.sft_slip_rate, slips)
+            ids, prompt_len = sft_example(tokenizer, problem, solution)
             seqs.append(np.asarray(ids))
             masks.append(np.arange(len(ids)) >= prompt_len)  # loss on the answer and EOS only
             used += len(ids)
         opt.zero_grad(set_to_none=True)
         num_targets = float(sum(int(mk.sum()) for mk in masks))
-        total = 0.0
+        loss_value = 0.0
         # small packed micro-batches: dense masked attention costs O(T^2) per micro-batch
         for mb in balanced_microbatches([len(x) for x in seqs], _SFT_MICROBATCH_TOKENS):
             packed = pack([seqs[i] for i in mb])
@@ -219,19 +234,16 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
             nll = torch.nn.functional.cross_entropy(logits.float(), input_ids[0, 1:], reduction="none")
             loss = (nll * target_mask).sum() / num_targets
             loss.backward()
-            total += float(loss)
+            loss_value += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
-        loss_value = total
     model.eval()
     return loss_value
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the built-in tiny model (tokenizer + warm start).")
     parser.add_argument("--out", type=Path, default=PACKAGED_DIR, help="HF directory to write")
-    parser.add_argument("--sft-steps", type=int, default=TinyRecipe.sft_steps, help="warm-start steps")
+    parser.add_argument("--sft-steps", type=int, default=TinyRecipe.sft_steps, help="phase-1 warm-start steps")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
