@@ -49,7 +49,11 @@ def plot_run(run_dir: Path) -> Path | None:
     train = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
     # an evaluation belongs to the policy version it measured (version v = after v steps)
     acc = [(r.get("eval/version", r["step"]), r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    greedy = [(r.get("eval/greedy_version", r["step"]), r["eval/greedy_accuracy"]) for r in rows if "eval/greedy_accuracy" in r]
+    greedy = [
+        (r.get("eval/greedy_version", r["step"]), r["eval/greedy_accuracy"])
+        for r in rows
+        if "eval/greedy_accuracy" in r
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         ax.plot(*zip(*train), label="train reward (batch mean)", alpha=0.6)

@@ -74,6 +74,9 @@ def run_sections(names: list[str], quick: bool) -> dict:
                 mod = importlib.import_module(module)
                 kwargs = {"server": server} if shared else {}
                 results["sections"][name] = mod.run(quick=quick, **kwargs)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep what was measured, stop here
+                results["errors"][name] = "interrupted"
+                break
             except Exception:  # noqa: BLE001 - one broken section must not hide the others
                 results["errors"][name] = traceback.format_exc()
                 print(results["errors"][name], file=sys.stderr)

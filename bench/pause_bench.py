@@ -75,7 +75,7 @@ async def measure_mode(
 
 
 async def _run(server, model_dir: Path, quick: bool) -> dict[str, float]:
-    duration_s, interval_s, rounds = (8.0, 2.0, 1) if quick else (24.0, 3.0, 2)
+    duration_s, interval_s, rounds = (8.0, 2.0, 1) if quick else (21.0, 3.0, 1)
     totals: dict[PauseMode, dict[str, float]] = {}
     for _ in range(rounds):
         for mode in (PauseMode.abort, PauseMode.in_place, PauseMode.drain):

@@ -46,7 +46,7 @@ async def generate_for(server, model_dir: Path, scorer, duration_s: float) -> tu
 async def _run(server, model_dir: Path, quick: bool) -> dict[str, float]:
     from areal_jobs.reward.service import RewardService
 
-    duration_s, rounds = (6.0, 1) if quick else (15.0, 2)
+    duration_s, rounds = (6.0, 1) if quick else (12.0, 2)
     service = RewardService(RewardConfig())
     service.start()
     totals = {"off": [0.0, 0.0, 0], "on": [0.0, 0.0, 0]}

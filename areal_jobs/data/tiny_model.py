@@ -167,14 +167,18 @@ def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) ->
     return out
 
 
-def sft_example(tokenizer, problem: arith_task.ArithProblem, solution: str | None = None) -> tuple[list[int], int]:
+def sft_example(
+    tokenizer, problem: arith_task.ArithProblem, solution: str | None = None
+) -> tuple[list[int], int]:
     """Token ids of prompt + solution + EOS, and the prompt length (loss starts after it).
 
     Prompt and solution are tokenised separately, exactly as generation sees them: the server
     continues from the prompt's ids, so the boundary must not be merged by BPE.
     """
     prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
-    answer = tokenizer.encode(solution or problem.solution, add_special_tokens=False) + [tokenizer.eos_token_id]
+    answer = tokenizer.encode(solution or problem.solution, add_special_tokens=False) + [
+        tokenizer.eos_token_id
+    ]
     return prompt + answer, len(prompt)
 
 
@@ -215,7 +219,9 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
             index += 1
             solution = None
             if careless:
-                solution, _ = arith_task.worked_solution(problem.start, problem.ops, recipe.sft_slip_rate, slips)
+                solution, _ = arith_task.worked_solution(
+                    problem.start, problem.ops, recipe.sft_slip_rate, slips
+                )
             ids, prompt_len = sft_example(tokenizer, problem, solution)
             seqs.append(np.asarray(ids))
             masks.append(np.arange(len(ids)) >= prompt_len)  # loss on the answer and EOS only
@@ -240,14 +246,19 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
     model.eval()
     return loss_value
 
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the built-in tiny model (tokenizer + warm start).")
     parser.add_argument("--out", type=Path, default=PACKAGED_DIR, help="HF directory to write")
-    parser.add_argument("--sft-steps", type=int, default=TinyRecipe.sft_steps, help="phase-1 warm-start steps")
+    parser.add_argument(
+        "--sft-steps", type=int, default=TinyRecipe.sft_steps, help="phase-1 warm-start steps"
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    build_builtin_model(args.out, replace(TinyRecipe(), sft_steps=args.sft_steps), threads=args.threads, force=True)
+    build_builtin_model(
+        args.out, replace(TinyRecipe(), sft_steps=args.sft_steps), threads=args.threads, force=True
+    )
     return 0
 
 

@@ -126,7 +126,9 @@ class ControllerService:
                 m.Paused(version=req.version, world_size=world, init_group=init, group_generation=generation)
             )
             if not ctl.pool.up_slots:
-                logger.warning("no rollout server is up for version %d; restarted servers will ask for it", req.version)
+                logger.warning(
+                    "no rollout server is up for version %d; restarted servers will ask for it", req.version
+                )
             elif req.disk_path:
                 await self.orch.load_from_disk(req.version, req.disk_path)
             else:

@@ -107,7 +107,9 @@ class TorchBackend:
         t_prox = time.perf_counter()
         stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
         outputs = [s.num_output_tokens for s in samples]
-        for minibatch in balanced_microbatches(outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))):
+        for minibatch in balanced_microbatches(
+            outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))
+        ):
             num_tokens = float(sum(outputs[i] for i in minibatch))
             self.optimizer.zero_grad(set_to_none=True)
             for local in balanced_microbatches([lengths[i] for i in minibatch], budget):
@@ -126,7 +128,9 @@ class TorchBackend:
                 loss.backward()
                 total_loss += float(loss.detach())
                 stats.add(mb_stats)
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)))
+            grad_norms.append(
+                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+            )
             self.optimizer.step()
         t_end = time.perf_counter()
         num_tokens = float(batch.num_output_tokens)

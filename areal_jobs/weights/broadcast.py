@@ -68,7 +68,13 @@ class WeightBroadcastGroup:
         try:
             if self._store is None:
                 self._store = dist.TCPStore(
-                    self.master_address, self.master_port, None, True, timeout, wait_for_workers=False, multi_tenant=True
+                    self.master_address,
+                    self.master_port,
+                    None,
+                    True,
+                    timeout,
+                    wait_for_workers=False,
+                    multi_tenant=True,
                 )
             self._store.set_timeout(timeout)
             store = PrefixStore(self.group_name, self._store)

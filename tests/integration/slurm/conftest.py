@@ -13,7 +13,6 @@ import getpass
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
