@@ -233,7 +233,11 @@ class RewardConfig:
     code_wall_timeout_s: float = 10.0
     code_max_output_bytes: int = 1 << 20  # untrusted stdout/stderr is read up to this size
     network_isolation: NetworkIsolation = NetworkIsolation.auto  # netns also brings PID + mount namespaces
-    code_sandbox_uid: int = 65534  # uid programs run as when we are root (nobody); never 0 or -1 as root
+    # Worker i runs programs as uid code_sandbox_uid + i (when we are root). RLIMIT_NPROC counts
+    # every process of a uid, so one uid per worker keeps a fork bomb in one sandbox from using up
+    # the process budget of the sandbox beside it (or of daemons running as nobody). The default
+    # range belongs to no account; a program needs no passwd entry.
+    code_sandbox_uid: int = 1_900_000_000
     code_sandbox_gid: int = 65534  # gid programs run as when we are root (nogroup)
     code_tmpfs_mb: int = 64  # namespace mode: size cap of the program's private writable work dir
     code_python: str = ""  # interpreter for programs (run -I -S: stdlib only); empty = the worker's
@@ -243,7 +247,13 @@ class RewardConfig:
             raise ValueError("reward.num_workers must be >= 1")
         if self.code_sandbox_uid == 0 or self.code_sandbox_gid == 0:
             raise ValueError(
-                "reward.code_sandbox_uid/gid=0 would run untrusted code as root: use 65534 (nobody)"
+                "reward.code_sandbox_uid/gid=0 would run untrusted code as root: "
+                "use an unused uid range, e.g. reward.code_sandbox_uid=1900000000"
+            )
+        if not 0 < self.code_sandbox_uid <= 2**32 - 2 - (self.num_workers - 1):
+            raise ValueError(
+                f"reward.code_sandbox_uid={self.code_sandbox_uid} with reward.num_workers={self.num_workers} "
+                "leaves the uid range (0, 2**32 - 1): workers use code_sandbox_uid + worker index"
             )
         if self.timeout_s <= self.code_wall_timeout_s:
             raise ValueError(

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from areal_jobs.config import ClusterConfig, load_job_config
 
-FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
+FINAL_STATES = (
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+)  # fmt: skip
 
 
 def executor_parameters(
@@ -84,16 +86,37 @@ def submit_command(
     return executor.submit(submitit.helpers.CommandFunction(command, cwd=workdir))
 
 
-def watch(job, *, poll_s: float = 5.0, report: Callable[[str], None] = print) -> str:
-    """Report every state change of a submitit job until it ends; return the final state."""
+def watch(
+    job,
+    *,
+    poll_s: float = 5.0,
+    report: Callable[[str], None] = print,
+    timeout_s: float | None = None,
+    settle_s: float = 60.0,
+) -> str:
+    """Report every state change of a submitit job until it ends; return the final state.
+
+    submitit writes the result file before the job step exits, so a job may be done while
+    SLURM still says RUNNING (COMPLETING): the final state is then awaited for up to `settle_s`.
+    Raises TimeoutError after `timeout_s` (None = as long as the job runs).
+    """
     last = ""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    done_at: float | None = None
     while True:
         state = job.watcher.get_state(job.job_id, mode="force")
         if state != last:
             report(f"job {job.job_id}: {state}")
             last = state
-        if state.split(" ")[0] in FINAL_STATES or job.done(force_check=True):
+        if state.split(" ")[0] in FINAL_STATES:
             return state
+        now = time.monotonic()
+        if done_at is None and job.done(force_check=True):
+            done_at = now
+        if done_at is not None and now - done_at > settle_s:
+            return f"{state} (result written {settle_s:.0f} s ago; SLURM has not reported a final state)"
+        if deadline is not None and now > deadline:
+            raise TimeoutError(f"job {job.job_id} still {state} after {timeout_s:.0f} s")
         time.sleep(poll_s)
 
 

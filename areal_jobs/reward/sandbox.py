@@ -63,12 +63,13 @@ class SandboxLimits:
     max_output_bytes: int = 1 << 20
     tmpfs_mb: int = 64
     isolation: NetworkIsolation = NetworkIsolation.auto
-    uid: int = 65534  # programs run as this uid/gid when we are root (never 0 or -1 then)
+    uid: int = RewardConfig.code_sandbox_uid  # programs run as this uid/gid when we are root (never 0 or -1)
     gid: int = 65534
     python: str = ""  # empty = the interpreter running this code
 
     @classmethod
-    def from_config(cls, cfg: RewardConfig) -> SandboxLimits:
+    def from_config(cls, cfg: RewardConfig, worker_index: int = 0) -> SandboxLimits:
+        """Limits for reward worker `worker_index`, which owns uid code_sandbox_uid + worker_index."""
         return cls(
             cpu_s=cfg.code_cpu_s,
             memory_mb=cfg.code_memory_mb,
@@ -79,7 +80,7 @@ class SandboxLimits:
             max_output_bytes=cfg.code_max_output_bytes,
             tmpfs_mb=cfg.code_tmpfs_mb,
             isolation=cfg.network_isolation,
-            uid=cfg.code_sandbox_uid,
+            uid=cfg.code_sandbox_uid + worker_index,
             gid=cfg.code_sandbox_gid,
             python=cfg.code_python,
         )

@@ -37,12 +37,12 @@ logger = logging.getLogger(__name__)
 _MAX_DETAIL_CHARS = 200
 
 
-def _worker_main(conn: Connection, cfg: RewardConfig) -> None:
+def _worker_main(conn: Connection, cfg: RewardConfig, index: int) -> None:
     """Worker process: score (task, response, reference) tuples until the pipe closes."""
     from areal_jobs.reward import code
     from areal_jobs.reward.sandbox import SandboxLimits
 
-    code.configure(SandboxLimits.from_config(cfg))
+    code.configure(SandboxLimits.from_config(cfg, worker_index=index))
     for task in registry.REWARD_TARGETS:  # import now, not during the first (timed) call
         try:
             registry.resolve(task)
@@ -70,7 +70,7 @@ class _Worker:
     def __init__(self, ctx: mp.context.BaseContext, cfg: RewardConfig, index: int) -> None:
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
-            target=_worker_main, args=(child_conn, cfg), name=f"reward-worker-{index}", daemon=True
+            target=_worker_main, args=(child_conn, cfg, index), name=f"reward-worker-{index}", daemon=True
         )
         self.process.start()
         child_conn.close()

@@ -89,7 +89,8 @@ def sandbox_processes() -> list[int]:
     programs (by the sandbox uid, or a cwd in a host work dir in fallback mode). Zombies and
     processes that vanish while we look are skipped."""
     prefix = os.path.join(tempfile.gettempdir(), "areal-sbx-")
-    sandbox_uid = str(RewardConfig().code_sandbox_uid)
+    first_uid = RewardConfig().code_sandbox_uid
+    sandbox_uids = {str(uid) for uid in range(first_uid, first_uid + 64)}  # one per reward worker
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -103,7 +104,11 @@ def sandbox_processes() -> list[int]:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         if fields["State"].split()[0] == "Z":
             continue
-        if b"sandbox_boot.py" in cmdline or cwd.startswith(prefix) or fields["Uid"].split()[0] == sandbox_uid:
+        if (
+            b"sandbox_boot.py" in cmdline
+            or cwd.startswith(prefix)
+            or fields["Uid"].split()[0] in sandbox_uids
+        ):
             found.append(int(entry))
     return found
 

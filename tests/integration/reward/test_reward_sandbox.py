@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import ast
+import concurrent.futures
+import dataclasses
 import glob
 import os
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from areal_jobs.config import NetworkIsolation
+from areal_jobs.config import NetworkIsolation, RewardConfig
 from areal_jobs.reward import sandbox
 from areal_jobs.reward.sandbox import SandboxLimits, run_program
 
@@ -112,7 +115,43 @@ def test_root_never_runs_untrusted_code_as_root(uid: int, tmp_path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping to the sandbox uid needs root")
 def test_program_runs_as_the_unprivileged_sandbox_uid() -> None:
     result = run("import os\nprint(os.getuid(), os.getgid(), os.getgroups())")
-    assert result.stdout == b"65534 65534 []\n"
+    assert result.stdout == f"{LIMITS.uid} 65534 []\n".encode()
+    assert LIMITS.uid == RewardConfig().code_sandbox_uid
+
+
+# Holds every process slot its uid may have (children sleep), then exits.
+_SLOT_HOG = (
+    "import os, time\n"
+    "for _ in range(64):\n"
+    "    try:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(5)\n"
+    "            os._exit(0)\n"
+    "    except OSError:\n"
+    "        break\n"
+    "time.sleep(5)\n"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to the sandbox uid needs root")
+def test_a_fork_bomb_does_not_starve_the_next_workers_sandbox() -> None:
+    """RLIMIT_NPROC counts all processes of a uid: reward workers each get their own uid, so
+    a program holding every slot of its uid leaves the sandbox of the worker beside it alone."""
+    cfg = RewardConfig(num_workers=2)
+    hog_limits = dataclasses.replace(LIMITS, max_procs=8, wall_timeout_s=8.0, uid=cfg.code_sandbox_uid)
+    assert SandboxLimits.from_config(cfg, worker_index=1).uid == cfg.code_sandbox_uid + 1
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        hog = pool.submit(run, _SLOT_HOG, b"", hog_limits)
+        time.sleep(2.0)  # the hog forks its 8 processes within milliseconds
+        # exec fails once a uid has more processes than the caller's limit (strictly more: a
+        # program at exactly its limit may still exec), hence the smaller limit for the runs.
+        small = dataclasses.replace(LIMITS, max_procs=4)
+        same_uid = run("print('ran')", limits=small)
+        next_worker = run("print('ran')", limits=dataclasses.replace(small, uid=cfg.code_sandbox_uid + 1))
+        assert hog.result(timeout=30).started
+    # The control: under the hog's uid, exec hits the limit (so this test can fail).
+    assert not same_uid.started and "Resource temporarily unavailable" in same_uid.error, same_uid
+    assert next_worker.exited_cleanly and next_worker.stdout == b"ran\n", next_worker
 
 
 def test_namespace_isolation(namespaces: bool) -> None:

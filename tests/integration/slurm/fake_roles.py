@@ -97,7 +97,9 @@ def trainer(cfg: dict, run_dir: Path) -> None:
         while step < cfg["trainer"]["total_steps"]:
             time.sleep(STEP_S)
             step += 1
-            (run_dir / "fake" / "progress").write_text(str(step))
+            # tmp + rename: the test polls this file and must never read it half written
+            (run_dir / "fake" / "progress.tmp").write_text(str(step))
+            (run_dir / "fake" / "progress.tmp").replace(run_dir / "fake" / "progress")
     except Checkpoint:
         ckpt.parent.mkdir(exist_ok=True)
         ckpt.write_text(str(step))

@@ -42,7 +42,7 @@ def test_command_runs_on_a_gpu_node_and_reports_completion(slurm_cluster: LocalS
         gpus_per_node=1,
     )
     states: list[str] = []
-    assert watch(job, poll_s=0.5, report=states.append).startswith("COMPLETED")
+    assert watch(job, poll_s=0.5, report=states.append, timeout_s=300).startswith("COMPLETED")
     assert states[-1].endswith("COMPLETED")
     node, gpus, cwd = job.result().split()[2:]
     assert node.startswith("n") and gpus == "0" and cwd == str(tmp_path)
@@ -55,7 +55,7 @@ def test_a_cancelled_job_is_reported_not_waited_on_forever(slurm_cluster: LocalS
         assert time.monotonic() < deadline, slurm_cluster.job_states(job.job_id)
         time.sleep(0.2)
     slurm_cluster.run("scancel", job.job_id)
-    assert watch(job, poll_s=0.5, report=lambda _: None).startswith("CANCELLED")
+    assert watch(job, poll_s=0.5, report=lambda _: None, timeout_s=300).startswith("CANCELLED")
 
 
 def test_cli_uses_the_run_config_and_waits(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:

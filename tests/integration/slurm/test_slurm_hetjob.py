@@ -109,7 +109,7 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm, tmp_pa
     job_id, run_dir = submit(slurm_cluster, tmp_path, "preempt", f"trainer.total_steps={total}")
     progress = run_dir / "fake" / "progress"
     deadline = time.monotonic() + 120
-    while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= 3):
+    while not (progress.exists() and int(progress.read_text()) >= 3):
         assert time.monotonic() < deadline, f"trainer made no progress: {slurm_cluster.job_states(job_id)}"
         time.sleep(0.2)
 
