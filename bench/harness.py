@@ -33,16 +33,15 @@ from areal_jobs.transport import messages as m
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL_DIR = REPO / "artifacts" / "bench-tiny-arith"
-BENCH_SFT_STEPS = 300  # enough for task-shaped answers (long-tailed lengths); built once, cached
 STEP_TIMEOUT_S = 300.0
 
 
 def bench_model() -> Path:
-    """The built-in tokenizer and tiny Qwen2, warm-started so answers follow the task's long tail."""
-    from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
+    """The model `make run` trains: the committed warm start of the built-in tokenizer and tiny
+    Qwen2, whose answers follow the task's long-tailed lengths (a random model's would not)."""
+    from areal_jobs.data.tiny_model import PACKAGED_DIR
 
-    return build_builtin_model(MODEL_DIR, TinyRecipe(sft_steps=BENCH_SFT_STEPS), threads=2)
+    return PACKAGED_DIR
 
 
 class InstantScorer:
@@ -75,6 +74,18 @@ def sglang_server(
             raise RuntimeError(f"the SGLang server died during the bench; last lines of {log}:\n{_tail(log)}")
     finally:
         server.stop()
+
+
+def run_on_server(body, quick: bool, server=None, prefix: str = "bench_"):
+    """`asyncio.run(body(server, model_dir, quick))` on the given server (make bench shares one
+    across sections), or on a fresh 2-thread server of the bench model started for this call."""
+    import tempfile
+
+    model_dir = bench_model()
+    if server is not None:
+        return asyncio.run(body(server, model_dir, quick))
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, sglang_server(model_dir, 2, Path(tmp)) as srv:
+        return asyncio.run(body(srv, model_dir, quick))
 
 
 def _tail(path: Path, lines: int = 25) -> str:

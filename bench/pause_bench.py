@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from areal_jobs.config import AlgoConfig, PauseMode, RolloutConfig
-from bench.harness import InstantScorer, RolloutRig, bench_model, model_weights, sglang_server
+from bench.harness import InstantScorer, RolloutRig, model_weights, run_on_server
 
 MAX_CONCURRENT = 64
 MAX_NEW_TOKENS = 256
@@ -99,14 +98,7 @@ async def _run(server, model_dir: Path, quick: bool) -> dict[str, float]:
 
 def run(quick: bool = False, server=None) -> dict[str, float]:
     """Generated tokens/s under periodic weight updates for abort, in_place and drain."""
-    model_dir = bench_model()
-    if server is not None:
-        return asyncio.run(_run(server, model_dir, quick))
-    with (
-        tempfile.TemporaryDirectory(prefix="pause_bench_") as tmp,
-        sglang_server(model_dir, 2, Path(tmp)) as srv,
-    ):
-        return asyncio.run(_run(srv, model_dir, quick))
+    return run_on_server(_run, quick, server, prefix="pause_bench_")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from areal_jobs.api import RewardRequest
 from areal_jobs.config import AlgoConfig, RewardConfig, RolloutConfig
-from bench.harness import InstantScorer, RolloutRig, bench_model, sglang_server
+from bench.harness import InstantScorer, RolloutRig, run_on_server
 
 MAX_CONCURRENT = 64
 
@@ -79,14 +78,7 @@ async def _run(server, model_dir: Path, quick: bool) -> dict[str, float]:
 
 def run(quick: bool = False, server=None) -> dict[str, float]:
     """Generation tokens/s with the real reward service against an instant scorer."""
-    model_dir = bench_model()
-    if server is not None:
-        return asyncio.run(_run(server, model_dir, quick))
-    with (
-        tempfile.TemporaryDirectory(prefix="reward_overhead_") as tmp,
-        sglang_server(model_dir, 2, Path(tmp)) as srv,
-    ):
-        return asyncio.run(_run(srv, model_dir, quick))
+    return run_on_server(_run, quick, server, prefix="reward_overhead_")
 
 
 if __name__ == "__main__":

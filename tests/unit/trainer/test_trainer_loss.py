@@ -44,7 +44,7 @@ def test_matches_per_token_formula(seed, cap):
         behav_weight_cap=cap,
     )
     expected = reference_loss(theta.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), 0.2, 64, cap)
-    assert float(loss) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-12, abs=1e-12)
     assert stats.num_tokens + stats.capped_tokens == 64
     if cap == 0:
         assert stats.capped_tokens == 0
