@@ -213,7 +213,7 @@ class RolloutRig:
         ctl = self.ctl
         ctl.on_trained(trained)
         ctl.running.clear()
-        await self.orch.pause(lambda: ctl.segments_in_flight)
+        await self.orch.pause(lambda: self.pool.total_in_flight)
         init = self.orch.needs_group_init((sender,))
         generation = self.orch.next_generation() if init else self.orch.generation
         errors: list[BaseException] = []

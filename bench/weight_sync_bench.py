@@ -52,7 +52,8 @@ def _receiver(address: str, port: int, group_name: str, nbytes: int, repeats: in
     buffer = torch.empty(nbytes, dtype=torch.uint8)
     for _ in range(repeats):
         dist.broadcast(buffer, group=group, group_src=0)
-    dist.destroy_process_group(group)
+    # no destroy_process_group: a group made by the helper is not registered for it (KeyError);
+    # it goes with this process, as on an SGLang server that exits
 
 
 def gloo_payload(nbytes: int, repeats: int) -> dict[str, float]:

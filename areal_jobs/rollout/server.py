@@ -116,6 +116,7 @@ class ServerProcess:
                 )
             try:
                 if requests.get(f"{self.url}/health", headers=headers, timeout=5).status_code == 200:
+                    self._freeze_gc(headers)
                     return
             except requests.RequestException:
                 pass
@@ -124,6 +125,18 @@ class ServerProcess:
             f"SGLang server on port {self.port} not healthy after {timeout_s:.0f}s: "
             "raise rollout.server_start_timeout_s or check the server log"
         )
+
+    def _freeze_gc(self, headers: dict[str, str]) -> None:
+        """Move everything the server built at start-up (modules, model, tokenizer) out of the
+        garbage collector's sight. On CPU, SGLang's flush_cache, which follows every weight
+        update, runs gc.collect(): over the unfrozen start-up heap that took 0.4 s (measured on
+        the built-in model; 0.003 s frozen), a stall on every policy version."""
+        try:
+            r = requests.post(f"{self.url}/freeze_gc", headers=headers, timeout=30)
+            if r.status_code != 200:
+                logger.warning("freeze_gc on %s answered HTTP %d: %s", self.url, r.status_code, r.text[:200])
+        except requests.RequestException as exc:  # an optimisation only: the server still works
+            logger.warning("freeze_gc on %s failed: %s", self.url, exc)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Terminate the server's whole process group (SGLang forks scheduler/detokenizer)."""

@@ -113,8 +113,10 @@ class ControllerService:
         ctl = self.ctl
         ctl.on_trained(req.trained_group_ids)
         ctl.running.clear()
+        marks = [("start", t0)]  # stage timings, logged: where an update spends its time
         try:
-            await self.orch.pause(lambda: ctl.segments_in_flight)
+            await self.orch.pause(lambda: ctl.pool.total_in_flight)  # evaluation requests too
+            marks.append(("pause", time.monotonic()))
             joined = ctl.pool.promote_joining()  # paused: safe to include them from here on
             if joined:
                 logger.info("servers %s rejoin at version %d", joined, req.version)
@@ -134,15 +136,24 @@ class ControllerService:
             else:
                 if init:
                     await self.orch.init_groups(req.senders, req.backend)
+                    marks.append(("groups", time.monotonic()))
                 await self.orch.receive(req.version, req.senders)
+            marks.append(("receive", time.monotonic()))
             ctl.on_version(req.version)
             await self.orch.resume()
+            marks.append(("resume", time.monotonic()))
         except StageError as exc:
             logger.error("weight update to version %d failed at %s", req.version, exc)
             await self._send(m.UpdateFailed(version=req.version, stage=exc.stage, error=exc.detail))
             raise
         ctl.running.set()
         await self._send(m.VersionPublished(version=req.version, update_s=time.monotonic() - t0))
+        logger.info(
+            "version %d on the servers in %.3fs (%s)",
+            req.version,
+            marks[-1][1] - t0,
+            ", ".join(f"{name} {t - prev:.3f}s" for (_, prev), (name, t) in zip(marks, marks[1:])),
+        )
         if (
             self.eval_prompts
             and self.eval_every_steps

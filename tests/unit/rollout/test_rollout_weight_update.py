@@ -8,6 +8,7 @@ import pytest
 
 from areal_jobs.api import BucketSpec, TensorSpec, WeightSender
 from areal_jobs.config import PauseMode
+from areal_jobs.rollout import weight_update
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator
 
@@ -23,6 +24,9 @@ class Recorder:
 
     async def pause(self, mode):
         await self._call("pause", mode)
+
+    async def abort_all(self):
+        await self._call("abort")
 
     async def resume(self):
         await self._call("resume")
@@ -125,3 +129,49 @@ def test_failures_after_the_group_is_formed_are_fatal():
     orch, _ = orchestrator([Recorder("a"), Broken("b")])
     with pytest.raises(StageError, match="begin weight update on server 1"):
         asyncio.run(orch.receive(1, (SENDER,)))
+
+
+def test_abort_mode_interrupts_requests_itself_before_pausing():
+    """SGLang's abort-mode pause re-checks only once a second; we abort, wait for the partial
+    outputs to return, then pause a server with nothing left to abort."""
+    in_flight = {"n": 3}
+
+    class Server(Recorder):
+        async def abort_all(self):
+            await super().abort_all()
+            in_flight["n"] = 0 if len([c for c in self.calls if c[0] == "abort"]) >= 2 else 1
+
+    a = Server("a")
+    orch, _ = orchestrator([a])
+    asyncio.run(asyncio.wait_for(orch.pause(lambda: in_flight["n"]), 10))
+    # one request arrived after the first abort and was aborted by the second
+    # nothing left running: an in-place pause (SGLang's abort pause can stall for a second)
+    assert [c[0] for c in a.calls] == ["abort", "abort", "pause"] and a.calls[-1] == ("pause", "in_place")
+
+
+def test_abort_mode_hands_stuck_requests_to_the_server_pause(monkeypatch):
+    monkeypatch.setattr(weight_update, "_ABORT_BUDGET_S", 0.6)
+    a = Recorder("a")
+    orch, _ = orchestrator([a])
+    asyncio.run(asyncio.wait_for(orch.pause(lambda: 1), 30))  # never returns to 0: bounded anyway
+    # still running: SGLang's abort pause aborts what is left
+    assert a.calls[-1] == ("pause", "abort") and a.calls.count(("abort",)) >= 2
+
+
+def test_in_place_and_drain_modes_abort_nothing():
+    a, b = Recorder("a"), Recorder("b")
+    for mode, client in ((PauseMode.in_place, a), (PauseMode.drain, b)):
+        pool = ServerPool()
+        pool.add(0, client)
+        asyncio.run(WeightUpdateOrchestrator(pool, mode, 5.0).pause(lambda: 0))
+    assert a.calls == [("pause", "in_place")] and b.calls == []
+
+
+def test_in_place_mode_keeps_the_cache():
+    """SGLang refuses to flush while paused requests hold their KV (HTTP 400 ended the job)."""
+    a = Recorder("a")
+    pool = ServerPool()
+    pool.add(0, a)
+    orch = WeightUpdateOrchestrator(pool, PauseMode.in_place, 5.0)
+    asyncio.run(orch.receive(2, (SENDER,)))
+    assert [c[0] for c in a.calls] == ["begin", "bucket", "bucket", "end"]
