@@ -51,14 +51,16 @@ def _shape(quick: bool) -> dict:
     }
 
 
-def launch_local(run_root: Path, name: str, model_dir: Path, shape: dict, eta: int) -> list[dict]:
+def launch_local(
+    run_root: Path, name: str, model_dir: Path, shape: dict, eta: int, *extra: str
+) -> list[dict]:
     """One `python -m launch.local` run; returns its per-step metric rows."""
     cmd = [
         sys.executable, "-m", "launch.local",
         f"run.name={name}", f"run.root={run_root}", f"model.path={model_dir}",
         f"algo.max_staleness={eta}", f"algo.batch_size={shape['batch_size']}", f"algo.group_size={shape['group_size']}",
         f"rollout.max_new_tokens={MAX_NEW_TOKENS}", f"trainer.total_steps={shape['steps']}",
-        "trainer.threads=1", "rollout.server_threads=1", "data.num_eval_prompts=0", "run.tensorboard=false",
+        "trainer.threads=1", "rollout.server_threads=1", "data.num_eval_prompts=0", "run.tensorboard=false", *extra,
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
     run_dir = run_root / name
@@ -160,6 +162,9 @@ def run(quick: bool = False) -> dict[str, float]:
     out.update(summarize(launch_local(root, "sync", model_dir, shape, eta=0), "sync"))
     out.update(summarize(launch_local(root, "async", model_dir, shape, eta=4), "async"))
     out.update(summarize(asyncio.run(colocated_rows(model_dir, shape, root)), "colocated"))
+    if not quick:  # the same async run with rollout.pause_mode=in_place: no prefix recomputation
+        in_place = launch_local(root, "async_in_place", model_dir, shape, 4, "rollout.pause_mode=in_place")
+        out.update(summarize(in_place, "async_in_place"))
     t_gen, t_train, bound = ideal_bound(out)
     ratio = out["e2e/async_tokens_per_s"] / out["e2e/sync_tokens_per_s"]
     out.update({
@@ -169,6 +174,10 @@ def run(quick: bool = False) -> dict[str, float]:
         "e2e/ideal_overlap_bound": bound,
         "e2e/async_over_sync_share_of_bound": ratio / bound,
     })  # fmt: skip
+    if "e2e/async_in_place_tokens_per_s" in out:
+        in_place_ratio = out["e2e/async_in_place_tokens_per_s"] / out["e2e/sync_tokens_per_s"]
+        out["e2e/async_in_place_over_sync"] = in_place_ratio
+        out["e2e/async_in_place_over_sync_share_of_bound"] = in_place_ratio / bound
     return out
 
 

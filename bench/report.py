@@ -12,6 +12,8 @@ HEADLINE: list[tuple[str, str, str, str]] = [
     ("e2e", "e2e/ideal_overlap_bound", "ideal overlap bound (T_gen + T_train) / max", "{:.2f}x"),
     ("e2e", "e2e/async_over_sync_share_of_bound", "async / sync as a share of the bound", "{:.0%}"),
     ("e2e", "e2e/async_over_colocated", "async / colocated sync", "{:.2f}x"),
+    ("e2e", "e2e/async_in_place_over_sync", "async with pause_mode=in_place / sync", "{:.2f}x"),
+    ("e2e", "e2e/async_in_place_over_sync_share_of_bound", "... as a share of the bound", "{:.0%}"),
     ("pause", "pause/abort_gen_tokens_per_s", "gen tokens/s under updates: abort (resubmit)", "{:,.0f}"),
     ("pause", "pause/in_place_gen_tokens_per_s", "gen tokens/s under updates: in_place (keep KV)", "{:,.0f}"),
     ("pause", "pause/drain_gen_tokens_per_s", "gen tokens/s under updates: drain", "{:,.0f}"),
