@@ -20,11 +20,14 @@ from collections.abc import Awaitable, Callable
 from areal_jobs.api import WeightSender
 from areal_jobs.config import PauseMode
 from areal_jobs.rollout.server_pool import ServerPool, ServerSlot
+from areal_jobs.rollout.sglang_client import ServerCallError
 
 logger = logging.getLogger(__name__)
 
 _ABORT_BUDGET_S = 5.0  # abort-mode pause: how long we abort and wait before SGLang's pause takes over
 _ABORT_RECHECK_S = 0.25  # ... and how long before aborting again (a request that arrived late)
+_FLUSH_ATTEMPTS = 40  # flush_cache refused while the scheduler still holds its last batch: retry
+_FLUSH_RETRY_S = 0.05
 
 
 class StageError(RuntimeError):
@@ -66,11 +69,12 @@ class WeightUpdateOrchestrator:
         if mode is PauseMode.abort:
             await self._abort_until_idle(in_flight)
             if in_flight() == 0:
-                # Nothing of ours runs any more, so an in-place pause keeps nothing and just
-                # blocks new requests. SGLang's abort pause would also sleep a whole second when a
-                # finished request has not yet released the server's update lock (measured: 1 of
-                # every 3 updates on the built-in task).
-                mode = PauseMode.in_place
+                # Every request we sent has come back and we send none until resume(): there is
+                # nothing to pause. SGLang's abort pause would sleep a whole second when a finished
+                # request has not yet released the server's update lock (1 update in 3 on the
+                # built-in task), and an in-place pause freezes the scheduler before it marks
+                # itself idle, after which it refuses flush_cache.
+                return
         await self._each_server("pause generation", lambda s: s.client.pause(mode.value), tolerate=True)
 
     def needs_group_init(self, senders: tuple[WeightSender, ...]) -> bool:
@@ -134,7 +138,7 @@ class WeightUpdateOrchestrator:
         if self.pause_mode is not PauseMode.in_place:
             # in_place keeps the paused requests' KV cache by design, and SGLang refuses to flush
             # while they are held (HTTP 400): cached prefixes from the old weights stay usable
-            await self._each_server("flush cache", lambda s: s.client.flush_cache())
+            await self._each_server("flush cache", _flush_when_idle)
 
     async def load_from_disk(self, version: int, path: str) -> None:
         """Fallback: every server loads the trainer's safetensors checkpoint."""
@@ -157,16 +161,20 @@ class WeightUpdateOrchestrator:
         is aborted again; whatever still runs after `_ABORT_BUDGET_S` is left to SGLang's pause.
         """
         deadline = time.monotonic() + min(_ABORT_BUDGET_S, self.step_timeout_s)
+        # Once always, as the pause stage: a server that cannot answer is marked down here, so
+        # the update goes on without it (a dead server found at begin_weight_update would be fatal).
+        await self._each_server("abort in-flight requests", lambda s: s.client.abort_all(), tolerate=True)
         while in_flight() > 0 and time.monotonic() < deadline:
-            # errors are ignored here: a server that cannot abort fails the pause stage next
+            try:
+                await asyncio.wait_for(_wait_zero(in_flight, poll_s=0.005), _ABORT_RECHECK_S)
+                return
+            except TimeoutError:
+                pass
+            # a request that reached its server after the abort: abort again (errors: see above)
             await asyncio.gather(
                 *(asyncio.wait_for(s.client.abort_all(), self.step_timeout_s) for s in self.pool.up_slots),
                 return_exceptions=True,
             )
-            try:
-                await asyncio.wait_for(_wait_zero(in_flight, poll_s=0.005), _ABORT_RECHECK_S)
-            except TimeoutError:
-                pass
 
     async def _each_server(
         self, what: str, call: Callable[[ServerSlot], Awaitable], tolerate: bool = False
@@ -186,6 +194,19 @@ class WeightUpdateOrchestrator:
             return
         if failed:
             raise failed[0][1]
+
+
+async def _flush_when_idle(slot: ServerSlot) -> None:
+    """SGLang refuses flush_cache (HTTP 400) until its scheduler has run one idle iteration after
+    the last batch; each refused call wakes it for that iteration, so a retry soon succeeds."""
+    for attempt in range(_FLUSH_ATTEMPTS):
+        try:
+            await slot.client.flush_cache()
+            return
+        except ServerCallError as exc:
+            if exc.status != 400 or attempt == _FLUSH_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(_FLUSH_RETRY_S)
 
 
 async def _wait_zero(in_flight: Callable[[], int], poll_s: float = 0.02) -> None:

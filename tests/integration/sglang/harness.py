@@ -41,7 +41,9 @@ class Broadcaster:
         specs = [TensorSpec(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named.items()]
         buckets = tuple(plan_buckets(specs, self.bucket_bytes))
         sender = WeightSender(self.group.base_name, "127.0.0.1", self.group.master_port, buckets)
-        await self.orch.pause(lambda: self.pool.total_in_flight)  # a controller on this pool counts its requests
+        await self.orch.pause(
+            lambda: self.pool.total_in_flight
+        )  # a controller on this pool counts its requests
         if on_paused is not None:
             await on_paused()
         errors: list[BaseException] = []

@@ -58,11 +58,11 @@ SENDER = WeightSender(
 )
 
 
-def orchestrator(clients, timeout_s=5.0):
+def orchestrator(clients, timeout_s=5.0, mode=PauseMode.abort):
     pool = ServerPool()
     for i, c in enumerate(clients):
         pool.add(i, c)
-    return WeightUpdateOrchestrator(pool, PauseMode.abort, timeout_s), pool
+    return WeightUpdateOrchestrator(pool, mode, timeout_s), pool
 
 
 def test_full_sequence_and_rank_offsets():
@@ -79,7 +79,7 @@ def test_full_sequence_and_rank_offsets():
         await orch.resume()
 
     asyncio.run(go())
-    assert [c[0] for c in a.calls] == ["pause", "init", "begin", "bucket", "bucket", "end", "flush", "resume"]
+    assert [c[0] for c in a.calls] == ["abort", "init", "begin", "bucket", "bucket", "end", "flush", "resume"]
     assert a.calls[1] == ("init", 1, 3, "w-1") and b.calls[1] == ("init", 2, 3, "w-1")
     assert a.calls[3] == ("bucket", "w-1", 7, 1)
 
@@ -113,10 +113,10 @@ def test_a_failing_server_is_reported_with_its_stage():
         async def pause(self, mode):
             raise ConnectionError("server gone")
 
-    orch, pool = orchestrator([Recorder("a"), Broken("b")])
+    orch, pool = orchestrator([Recorder("a"), Broken("b")], mode=PauseMode.in_place)
     asyncio.run(orch.pause(lambda: 0))  # one server left: the update goes on without the broken one
     assert pool.slots[0].up and not pool.slots[1].up
-    orch, _ = orchestrator([Broken("a"), Broken("b")])
+    orch, _ = orchestrator([Broken("a"), Broken("b")], mode=PauseMode.in_place)
     with pytest.raises(StageError, match="pause generation on server 0: ConnectionError: server gone"):
         asyncio.run(orch.pause(lambda: 0))
 
@@ -145,8 +145,8 @@ def test_abort_mode_interrupts_requests_itself_before_pausing():
     orch, _ = orchestrator([a])
     asyncio.run(asyncio.wait_for(orch.pause(lambda: in_flight["n"]), 10))
     # one request arrived after the first abort and was aborted by the second
-    # nothing left running: an in-place pause (SGLang's abort pause can stall for a second)
-    assert [c[0] for c in a.calls] == ["abort", "abort", "pause"] and a.calls[-1] == ("pause", "in_place")
+    # nothing of ours left running: no server pause (SGLang's abort pause can stall for a second)
+    assert [c[0] for c in a.calls] == ["abort", "abort"]
 
 
 def test_abort_mode_hands_stuck_requests_to_the_server_pause(monkeypatch):
@@ -175,3 +175,28 @@ def test_in_place_mode_keeps_the_cache():
     orch = WeightUpdateOrchestrator(pool, PauseMode.in_place, 5.0)
     asyncio.run(orch.receive(2, (SENDER,)))
     assert [c[0] for c in a.calls] == ["begin", "bucket", "bucket", "end"]
+
+
+def test_a_refused_flush_is_retried_until_the_scheduler_is_idle():
+    from areal_jobs.rollout.sglang_client import ServerCallError
+
+    class Busy(Recorder):
+        async def flush_cache(self):
+            await super().flush_cache()
+            if self.calls.count(("flush",)) < 3:
+                raise ServerCallError("0", "/flush_cache", "HTTP 400: Flush cache failed.", 400)
+
+    a = Busy("a")
+    orch, _ = orchestrator([a])
+    asyncio.run(orch.receive(2, (SENDER,)))
+    assert a.calls.count(("flush",)) == 3
+
+
+def test_a_dead_server_found_by_the_abort_is_left_out_of_the_update():
+    class Dead(Recorder):
+        async def abort_all(self):
+            raise ConnectionError("server gone")
+
+    orch, pool = orchestrator([Recorder("a"), Dead("b")])
+    asyncio.run(orch.pause(lambda: 0))
+    assert pool.slots[0].up and not pool.slots[1].up
