@@ -59,7 +59,7 @@ def test_tensor_parallel_2_ranks_train_and_publish(tmp_path, tiny_model_dir):
 
 
 def test_pipeline_2_stages_preempted_on_every_rank_then_resumed(tmp_path, tiny_model_dir):
-    args = (*MEGATRON, "trainer.pp_size=2", "trainer.total_steps=4", "checkpoint.every_steps=0",
+    args = (*MEGATRON, "trainer.pp_size=2", "trainer.total_steps=8", "checkpoint.every_steps=0",
             "weight_sync.bucket_bytes=1000000")  # fmt: skip
     proc = start_local(tmp_path, tiny_model_dir, "pp2", *args)
     run_dir = tmp_path / "pp2"
@@ -74,5 +74,5 @@ def test_pipeline_2_stages_preempted_on_every_rank_then_resumed(tmp_path, tiny_m
 
     run_dir = run_local(tmp_path, tiny_model_dir, "pp2", *args)
     assert "resumed from checkpoint at step" in (run_dir / "logs" / "trainer.log").read_text()
-    summary = check_finished(run_dir, steps=4, senders=2)
+    summary = check_finished(run_dir, steps=8, senders=2)  # steps: room for the signal to land before the end
     assert summary["resumed"] is True
