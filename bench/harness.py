@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -79,8 +80,6 @@ def sglang_server(
 def run_on_server(body, quick: bool, server=None, prefix: str = "bench_"):
     """`asyncio.run(body(server, model_dir, quick))` on the given server (make bench shares one
     across sections), or on a fresh 2-thread server of the bench model started for this call."""
-    import tempfile
-
     model_dir = bench_model()
     if server is not None:
         return asyncio.run(body(server, model_dir, quick))

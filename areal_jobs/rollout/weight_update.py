@@ -157,8 +157,9 @@ class WeightUpdateOrchestrator:
         SGLang's own abort-mode pause aborts and then re-checks for running requests only once a
         second, so any request in flight costs every update at least a second (measured: 1.4 s
         of a 2.8 s step on the built-in task). Aborting ourselves and watching our own count
-        leaves that pause nothing to wait for. A request that reached its server after the abort
-        is aborted again; whatever still runs after `_ABORT_BUDGET_S` is left to SGLang's pause.
+        lets `pause` skip the server pause once everything is back. A request that reached its
+        server after the abort is aborted again; whatever still runs after `_ABORT_BUDGET_S` is
+        left to SGLang's abort pause.
         """
         deadline = time.monotonic() + min(_ABORT_BUDGET_S, self.step_timeout_s)
         # Once always, as the pause stage: a server that cannot answer is marked down here, so
