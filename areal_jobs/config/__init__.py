@@ -1,0 +1,59 @@
+"""Configuration schema: one dataclass per component, registered in Hydra's ConfigStore.
+
+One module per role (`data`, `algo`, `rollout`, `trainer`, `reward`, `cluster`) and `job` for the
+whole. YAML files under conf/ only select and override these. Choices are Enums (OmegaConf 2.3
+rejects `Literal`). Cross-field checks live in `__post_init__` and name the override that fixes
+them. `main` converts the DictConfig to these objects once (`to_job_config`) and passes each
+component only its own slice. Everything is re-exported here: `from areal_jobs.config import X`.
+"""
+
+from areal_jobs.config.algo import Advantage, AlgoConfig
+from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig
+from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
+from areal_jobs.config.job import (
+    JobConfig,
+    RunConfig,
+    load_job_config,
+    register_configs,
+    save_job_config,
+    to_job_config,
+)
+from areal_jobs.config.reward import NetworkIsolation, RewardConfig
+from areal_jobs.config.rollout import PauseMode, RolloutBackend, RolloutConfig
+from areal_jobs.config.trainer import (
+    CheckpointConfig,
+    DistBackend,
+    TrainerBackend,
+    TrainerConfig,
+    WeightSync,
+    WeightSyncConfig,
+)
+
+__all__ = [
+    "Advantage",
+    "AlgoConfig",
+    "CheckpointConfig",
+    "ClusterConfig",
+    "ClusterKind",
+    "DType",
+    "DataConfig",
+    "Dataset",
+    "DistBackend",
+    "JobConfig",
+    "LaunchConfig",
+    "ModelConfig",
+    "NetworkIsolation",
+    "PauseMode",
+    "RewardConfig",
+    "RolloutBackend",
+    "RolloutConfig",
+    "RunConfig",
+    "TrainerBackend",
+    "TrainerConfig",
+    "WeightSync",
+    "WeightSyncConfig",
+    "load_job_config",
+    "register_configs",
+    "save_job_config",
+    "to_job_config",
+]

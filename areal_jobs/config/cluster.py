@@ -1,0 +1,108 @@
+"""Where the job runs: local processes or one heterogeneous SLURM job."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+
+class ClusterKind(enum.Enum):
+    local = "local"  # every process on this machine, started by launch.local
+    slurm = "slurm"  # one heterogeneous SLURM job rendered by launch.render
+
+
+# SLURM --time: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"
+_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs. Cluster mode renders one heterogeneous SLURM job (launch/plan.py
+    decides the layout, launch/render.py writes the script); local mode runs launch.local."""
+
+    kind: ClusterKind = ClusterKind.local
+    nodes: int = 1  # total nodes of the heterogeneous job (rollout + trainer)
+    gpus_per_node: int = 8  # GPUs requested on every node (--gres=gpu:N)
+    # share of nodes that run rollout servers (rounded down), or "auto": launch.plan_allocation
+    # simulates the job under `allocation_profile` and picks the split with the highest throughput.
+    # A string so that "auto" is accepted; numbers are normalised and checked in __post_init__.
+    rollout_fraction: str = "0.75"
+    allocation_profile: str = "paper_1p5b"  # conf/sim/<name>.yaml (or a path) used by rollout_fraction=auto
+    servers_per_node: int = 0  # rollout servers per node; 0 = gpus_per_node / rollout.tp_size
+    partition: str = ""  # --partition; empty = the cluster's default partition
+    account: str = ""  # --account; empty = the user's default account
+    qos: str = ""  # --qos; empty = the account's default QOS
+    time_limit: str = "24:00:00"  # --time, SLURM format (e.g. 2-00:00:00)
+    cpus_per_task: int = 8  # --cpus-per-task for every server and trainer task
+    mem_per_node: str = ""  # e.g. "1800G"; empty = SLURM default
+    sbatch_args: list[str] = field(default_factory=list)  # extra options for both components
+    container_image: str = ""  # pyxis --container-image; empty = bare metal
+    container_mounts: str = ""  # pyxis --container-mounts (src:dst[,src:dst])
+    workdir: str = ""  # --chdir of the job (shared FS); empty = the directory `make submit` runs in
+    python: str = ""  # interpreter on the nodes; empty = the one running launch.submit
+    master_port: int = 29500  # trainer torch.distributed MASTER_PORT on the first trainer node
+    loopback: bool = False  # every fake node is this host (local_slurm tests): use 127.0.0.1
+    requeue_signal_s: int = 300  # --signal=B:USR1@<s>: checkpoint and requeue before the limit
+    nccl_env: dict[str, str] = field(default_factory=dict)  # NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError("cluster.nodes must be >= 1")
+        if self.gpus_per_node < 1:
+            raise ValueError("cluster.gpus_per_node must be >= 1")
+        self.rollout_fraction = _fraction_text(self.rollout_fraction)
+        if self.servers_per_node < 0:
+            raise ValueError("cluster.servers_per_node must be >= 0 (0 = gpus_per_node / rollout.tp_size)")
+        if self.cpus_per_task < 1:
+            raise ValueError("cluster.cpus_per_task must be >= 1")
+        if not _SLURM_TIME.match(self.time_limit):
+            raise ValueError(
+                f"cluster.time_limit={self.time_limit!r} is not a SLURM time: use e.g. "
+                "cluster.time_limit=24:00:00 or cluster.time_limit=2-00:00:00"
+            )
+        if not 0 <= self.requeue_signal_s <= 65535:
+            raise ValueError("cluster.requeue_signal_s must be in [0, 65535] (0 = no USR1 before the limit)")
+        if not 0 < self.master_port < 65536:
+            raise ValueError("cluster.master_port must be a TCP port in [1, 65535]")
+        bad = [key for key in self.nccl_env if not _ENV_NAME.match(key)]
+        if bad:
+            raise ValueError(f"cluster.nccl_env has keys that are not environment variable names: {bad}")
+
+    @property
+    def rollout_fraction_auto(self) -> bool:
+        return self.rollout_fraction == "auto"
+
+    @property
+    def rollout_share(self) -> float:
+        """The numeric rollout fraction; `auto` must have been resolved (launch.plan does it)."""
+        if self.rollout_fraction_auto:
+            raise ValueError(
+                "cluster.rollout_fraction=auto is resolved by launch.plan.plan_job, not read directly"
+            )
+        return float(self.rollout_fraction)
+
+
+def _fraction_text(value: object) -> str:
+    """Normalise to the text "auto" or a number in (0, 1) ("0.75"); anything else names the override."""
+    if value == "auto":
+        return "auto"
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not 0.0 < number < 1.0:
+        raise ValueError(
+            f"cluster.rollout_fraction={value!r} must be in (0, 1) or auto, e.g. cluster.rollout_fraction=0.75"
+        )
+    return repr(number)
+
+
+@dataclass
+class LaunchConfig:
+    """How launch.submit handles the rendered job."""
+
+    dry_run: bool = False  # render and write the script and config, but do not call sbatch

@@ -1,0 +1,52 @@
+"""Which model and which prompts: the policy checkpoint and the datasets."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Dataset(enum.Enum):
+    arith = "arith"  # the built-in, code-generated multi-step arithmetic task
+    gsm8k = "gsm8k"  # GSM8K-style JSONL: {"question", "answer"} with "#### <answer>"
+    math = "math"  # MATH-style JSONL: {"problem", "solution"} with \boxed{...}
+    humaneval = "humaneval"  # HumanEval JSONL: prompt + check(candidate) tests
+    code_stdio = "code_stdio"  # JSONL: {"prompt", "tests": [{"input", "output"}]}
+
+
+class DType(enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train: an HF directory (config.json + safetensors + tokenizer)."""
+
+    path: str = ""  # HF model directory; empty = the built-in tiny model (built on first use)
+    dtype: DType = DType.float32  # parameter dtype in trainer and rollout servers
+    builtin_dir: str = "areal_jobs/data/builtin_model"  # the committed warm start; another dir builds one
+    builtin_sft_steps: int = 2000  # phase-1 warm-start steps (a different value needs another builtin_dir)
+
+    def __post_init__(self) -> None:
+        if self.builtin_sft_steps < 0:
+            raise ValueError("model.builtin_sft_steps must be >= 0")
+
+
+@dataclass
+class DataConfig:
+    """Prompts for training and held-out evaluation."""
+
+    dataset: Dataset = Dataset.arith
+    train_path: str = ""  # JSONL for file datasets; unused for the built-in task
+    eval_path: str = ""  # held-out JSONL; empty = split from train (file datasets) / generated
+    num_eval_prompts: int = 256  # held-out prompts scored at start, every eval interval, and end
+    max_prompt_tokens: int = 512  # longer prompts are skipped and counted (file and line reported)
+    seed: int = 1  # prompt order; the same seed replays the same prompt sequence after resume
+
+    def __post_init__(self) -> None:
+        if self.dataset is not Dataset.arith and not self.train_path:
+            raise ValueError(f"data.dataset={self.dataset.value} needs data.train_path=<file.jsonl>")
+        if self.num_eval_prompts < 0:
+            raise ValueError("data.num_eval_prompts must be >= 0")

@@ -1,0 +1,73 @@
+"""The whole job: run naming and output, and the JobConfig that holds every slice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from areal_jobs.config.algo import AlgoConfig
+from areal_jobs.config.cluster import ClusterConfig, LaunchConfig
+from areal_jobs.config.data import DataConfig, ModelConfig
+from areal_jobs.config.reward import RewardConfig
+from areal_jobs.config.rollout import RolloutConfig
+from areal_jobs.config.trainer import CheckpointConfig, TrainerConfig, WeightSyncConfig
+
+
+@dataclass
+class RunConfig:
+    """Naming, output and observability of one run."""
+
+    name: str = "tiny-arith"
+    root: str = "runs"  # run directory = <root>/<name>
+    eval_every_steps: int = 20
+    log_level: str = "INFO"  # AREAL_JOBS_LOG_LEVEL overrides
+    tensorboard: bool = True
+    token: str = ""  # job token for the control channel and API key; empty = generated
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.root) / self.name
+
+
+@dataclass
+class JobConfig:
+    """The whole job. Each component is handed only its own slice."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+
+def register_configs() -> None:
+    """Register the schema as Hydra's base config (conf/config.yaml lists it first)."""
+    ConfigStore.instance().store(name="job_schema", node=JobConfig)
+
+
+def to_job_config(cfg: Any) -> JobConfig:
+    """DictConfig (from Hydra or a saved YAML) -> validated JobConfig objects."""
+    merged = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg)
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, JobConfig)
+    return obj
+
+
+def save_job_config(cfg: JobConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+def load_job_config(path: str | Path) -> JobConfig:
+    """Read a resolved config written by `save_job_config` (how every role process starts)."""
+    return to_job_config(OmegaConf.load(str(path)))

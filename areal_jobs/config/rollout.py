@@ -1,0 +1,49 @@
+"""Rollout servers and the asyncio controller that drives them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RolloutBackend(enum.Enum):
+    sglang = "sglang"
+    vllm = "vllm"
+
+
+class PauseMode(enum.Enum):
+    abort = "abort"  # interrupt, return partial tokens, re-send prompt + partial output
+    in_place = "in_place"  # freeze requests and keep their (old-weight) KV cache
+    drain = "drain"  # stop admitting and wait for in-flight requests to finish
+
+
+@dataclass
+class RolloutConfig:
+    """Rollout servers and the asyncio controller that drives them."""
+
+    backend: RolloutBackend = RolloutBackend.sglang
+    num_servers: int = 1  # local mode: servers started by launch.local
+    tp_size: int = 1  # GPUs per server (cluster mode)
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_concurrent: int = 128  # in-flight requests (samples) across all servers
+    pause_mode: PauseMode = PauseMode.abort
+    request_timeout_s: float = 600.0  # one /generate call (a long answer on a slow CPU)
+    call_timeout_s: float = 60.0  # control calls: pause, continue, health, weight-update steps
+    server_start_timeout_s: float = 300.0
+    health_interval_s: float = 5.0
+    max_server_restarts: int = 3  # local mode: a server that dies is restarted this often per run
+    max_total_tokens: int = 32768  # server KV-cache capacity in tokens (CPU mode)
+    server_threads: int = 1  # torch threads per server process (CPU mode)
+    base_port: int = 0  # server i listens on base_port + i; 0 = any free port (local mode)
+    controller_port: int = 0  # controller binds this (trajectories) and +1 (control); 0 = free
+    extra_server_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.backend is RolloutBackend.vllm:
+            raise ValueError("rollout.backend=vllm is not implemented yet: use rollout.backend=sglang")
+        if self.temperature <= 0:
+            raise ValueError("rollout.temperature must be > 0 for RL sampling")
+        if self.max_concurrent < 1 or self.num_servers < 1 or self.tp_size < 1:
+            raise ValueError("rollout.max_concurrent, rollout.num_servers and rollout.tp_size must be >= 1")
