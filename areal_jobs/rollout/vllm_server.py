@@ -25,10 +25,12 @@ MIDDLEWARE = "areal_jobs.rollout.vllm_auth.RequireApiKey"
 
 
 def vllm_python(rollout: RolloutConfig) -> str:
-    """rollout.engine_python, else the checkout's .venv-vllm, else this interpreter (an image
-    that has vLLM installed beside everything else)."""
+    """rollout.engine_python, else AREAL_ENGINE_PYTHON (the sbatch script exports it), else the
+    checkout's .venv-vllm, else this interpreter (an image with vLLM beside everything else)."""
     if rollout.engine_python:
         return rollout.engine_python
+    if os.environ.get("AREAL_ENGINE_PYTHON"):
+        return os.environ["AREAL_ENGINE_PYTHON"]
     return str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 
 

@@ -56,7 +56,11 @@ async def generate_all(server, inputs, max_new_tokens, temperature, tag="t"):
 def hf_greedy(backend: TorchBackend, ids: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
         out = backend.model.generate(
-            torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=0, pad_token_id=0
+            torch.tensor([ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=0,
+            pad_token_id=0,
         )
     return out[0, len(ids) :].tolist()
 
@@ -90,8 +94,13 @@ def test_server_logprobs_match_trainer_recomputation(vllm_server, tiny_model_dir
     responses = asyncio.run(generate_all(vllm_server, inputs, 48, 1.0))
     samples = [
         TrainSample(
-            f"s{i}", np.array(p + r.output_ids), len(p), np.array(r.logprobs, dtype=np.float32),
-            np.zeros(len(r.output_ids), dtype=np.int32), 0.0, 0.0,
+            f"s{i}",
+            np.array(p + r.output_ids),
+            len(p),
+            np.array(r.logprobs, dtype=np.float32),
+            np.zeros(len(r.output_ids), dtype=np.int32),
+            0.0,
+            0.0,
         )  # fmt: skip
         for i, (p, r) in enumerate(zip(inputs, responses))
         if r.output_ids
@@ -102,7 +111,9 @@ def test_server_logprobs_match_trainer_recomputation(vllm_server, tiny_model_dir
     diff = np.abs(recomputed - served)
     record_property("logprob_max_abs_diff", float(diff.max()))
     record_property("logprob_mean_abs_diff", float(diff.mean()))
-    print(f"\nvLLM log-prob |server - trainer| over {diff.size} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}")
+    print(
+        f"\nvLLM log-prob |server - trainer| over {diff.size} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}"
+    )
     assert diff.size > 50
     assert diff.mean() < 1e-3 and diff.max() < 1e-2
     assert all(r.weight_version == 0 for r in responses)
@@ -185,7 +196,9 @@ def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_pro
         await caster.publish(weights, version=version - 1)  # back to the original weights
         data = DataConfig(num_eval_prompts=16)
         candidates = eval_prompts(data, tok.encode)
-        plain = await generate_all(server, [p.input_ids for p in candidates], max_new, 1e-5, tag=f"long{version}-")
+        plain = await generate_all(
+            server, [p.input_ids for p in candidates], max_new, 1e-5, tag=f"long{version}-"
+        )
         index = max(range(len(plain)), key=lambda i: len(plain[i].output_ids))
         assert len(plain[index].output_ids) >= 150, "no long greedy answer to interrupt"
         stream = PromptStream(data, tok.encode)
@@ -242,7 +255,9 @@ def test_kept_request_continues_with_its_cache(vllm_server, tiny_model_dir, reco
     """pause_mode=in_place (vLLM /pause?mode=keep): the requests freeze with their KV cache and
     finish after /resume in the same call, never aborted; the segment carries the older version
     (vLLM's per-token spans: its oldest token). Leaves the original weights at version 10."""
-    group, uninterrupted = interrupted_run(vllm_server, tiny_model_dir, PauseMode.in_place, 10, record_property)
+    group, uninterrupted = interrupted_run(
+        vllm_server, tiny_model_dir, PauseMode.in_place, 10, record_property
+    )
     for sample in group.samples:
         assert sample.num_interruptions == 0
         assert set(sample.versions.tolist()) == {9}
@@ -254,8 +269,17 @@ def test_every_route_refuses_requests_without_the_api_key(vllm_server):
     url = vllm_server.url
     assert requests.post(f"{url}/inference/v1/generate", json=body, timeout=30).status_code == 401
     wrong = {"Authorization": "Bearer not-the-key"}
-    assert requests.post(f"{url}/inference/v1/generate", json=body, headers=wrong, timeout=30).status_code == 401
-    for path in ("/pause", "/resume", "/abort_requests", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache"):
+    assert (
+        requests.post(f"{url}/inference/v1/generate", json=body, headers=wrong, timeout=30).status_code == 401
+    )
+    for path in (
+        "/pause",
+        "/resume",
+        "/abort_requests",
+        "/collective_rpc",
+        "/update_weight_version",
+        "/reset_prefix_cache",
+    ):
         assert requests.post(f"{url}{path}", json={}, timeout=30).status_code == 401, path
     for path in ("/health", "/weight_info", "/is_paused", "/v1/models"):
         assert requests.get(f"{url}{path}", timeout=30).status_code == 401, path
