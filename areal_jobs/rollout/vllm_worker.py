@@ -142,12 +142,37 @@ class BroadcastWeightReceiver:
 
         state = self._areal_state()
         if state["loading"]:
-            finalize_layerwise_reload(self.model_runner.get_model(), self.model_runner.model_config)
+            model = self.model_runner.get_model()
+            finalize_layerwise_reload(model, self.model_runner.model_config)
+            _repack_embedding_heads(model)
             state["loading"] = False
             for reset in ("reset_encoder_cache", "reset_mm_cache"):
                 if hasattr(self.model_runner, reset):
                     getattr(self.model_runner, reset)()
         state["version"] = json.loads(payload)["version"]
+
+
+def _repack_embedding_heads(model: torch.nn.Module) -> None:
+    """CPU only: pack the LM-head GEMM of every embedding-shaped layer again from the weight it
+    holds now. With tied embeddings the LM head *is* the embedding layer; the layerwise reload
+    packs it from a temporary copy and then moves the values back into the original tensor, and
+    the head kept computing with stale weights (greedy output matched neither policy)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (
+            isinstance(module, VocabParallelEmbedding)
+            and weight is not None
+            and weight.ndim == 2
+            and weight.numel()
+        ):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
