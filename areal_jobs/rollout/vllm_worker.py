@@ -153,10 +153,11 @@ class BroadcastWeightReceiver:
 
 
 def _repack_embedding_heads(model: torch.nn.Module) -> None:
-    """CPU only: pack the LM-head GEMM of every embedding-shaped layer again from the weight it
-    holds now. With tied embeddings the LM head *is* the embedding layer; the layerwise reload
-    packs it from a temporary copy and then moves the values back into the original tensor, and
-    the head kept computing with stale weights (greedy output matched neither policy)."""
+    """CPU only: pack the GEMM of every embedding-shaped layer (embedding, LM head) again from the
+    weight it holds now. With tied embeddings vLLM's lm_head is its own module sharing the
+    embedding's parameter: the reload unties them (meta tensors), loads nothing into the head
+    (the checkpoint has no lm_head.weight) and hands it back its old parameter, now holding the
+    new values, without re-packing it: the head kept computing with the old weights."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
