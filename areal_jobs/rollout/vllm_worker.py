@@ -94,6 +94,9 @@ class BroadcastWeightReceiver:
         state = self._areal_state()
         if state["loading"]:
             raise RuntimeError("begin_weight_update while an update is open: end it first")
+        # "ParallelLMHead / RotaryEmbedding: Failed to load weights" on every update is expected (a
+        # tied head and the rotary buffers are not in a checkpoint): the head is re-packed at the end
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         initialize_layerwise_reload(self.model_runner.get_model())
         state["loading"] = True
 

@@ -183,9 +183,22 @@ class _ZeroScorer:
         return {}
 
 
+def generated_tokens(server) -> float:
+    """vLLM's own count of generated tokens (GET /metrics): progress we can wait for, not a timer."""
+    text = requests.get(
+        f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"}, timeout=30
+    ).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
+
+
 def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_property):
     """One group of 2 greedy samples on a long-answer prompt, interrupted by a weight update (the
-    same weights) under `mode`. Returns (the group, the uninterrupted answer, the update seconds)."""
+    same weights) under `mode` once the server has generated a few tokens for them. Returns (the
+    group, the uninterrupted answer, requests held by the server while it was paused)."""
     backend = trainer(model_dir)
     tok = load_tokenizer(model_dir)
     weights = dict(backend.iter_weights())
@@ -203,24 +216,30 @@ def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_pro
         assert len(plain[index].output_ids) >= 150, "no long greedy answer to interrupt"
         stream = PromptStream(data, tok.encode)
         stream.at = lambda i: dataclasses.replace(candidates[index], data_index=i)  # always that prompt
-        pushed = []
+        pushed, held = [], []
 
         async def push(group):
             pushed.append(group)
+
+        async def on_paused():
+            held.append(ctl.segments_in_flight)
 
         rollout = RolloutConfig(max_new_tokens=max_new, temperature=1e-5, pause_mode=mode)
         algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=0)
         ctl = RolloutController(rollout, algo, caster.pool, _ZeroScorer(), stream, tok.decode, push)
         ctl.version = version - 1
+        tokens_before = await asyncio.to_thread(generated_tokens, server)
         admission = asyncio.create_task(ctl.admission_loop())
-        for _ in range(300):  # until both samples have tokens in flight on the server
-            await asyncio.sleep(0.1)
-            if ctl.segments_in_flight == 2:
+        for _ in range(3000):  # both samples on the server and a few tokens into their answers
+            if (
+                ctl.segments_in_flight == 2
+                and await asyncio.to_thread(generated_tokens, server) >= tokens_before + 8
+            ):
                 break
-        await asyncio.sleep(0.5)
+            await asyncio.sleep(0.01)
         ctl.running.clear()
         t0 = asyncio.get_running_loop().time()
-        await caster.publish(weights, version=version)
+        await caster.publish(weights, version=version, on_paused=on_paused)
         update_s = asyncio.get_running_loop().time() - t0
         ctl.on_version(version)
         ctl.running.set()
@@ -231,19 +250,22 @@ def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_pro
         await ctl.stop()
         admission.cancel()
         await caster.close()
-        return next(g for g in pushed if g.data_index == 0), plain[index], update_s
+        return next(g for g in pushed if g.data_index == 0), plain[index], held[0], update_s
 
-    group, uninterrupted, update_s = asyncio.run(go())
+    group, uninterrupted, held, update_s = asyncio.run(go())
     record_property(f"update_s_{mode.value}", round(update_s, 3))
     print(f"\nvLLM pause_mode={mode.value}: update with 2 requests in flight took {update_s:.3f}s")
-    return group, uninterrupted
+    return group, uninterrupted, held
 
 
 def test_aborted_request_continues_under_new_version(vllm_server, tiny_model_dir, record_property):
     """pause_mode=abort: the samples return their partial tokens (version v), are re-sent as
     prompt + partial output and finish under v + 1; greedy continuation with the same weights
     reproduces the uninterrupted answer exactly. Leaves the original weights at version 8."""
-    group, uninterrupted = interrupted_run(vllm_server, tiny_model_dir, PauseMode.abort, 8, record_property)
+    group, uninterrupted, held = interrupted_run(
+        vllm_server, tiny_model_dir, PauseMode.abort, 8, record_property
+    )
+    assert held == 0  # every request came back (aborted) before the weights changed
     for sample in group.samples:
         versions = sample.versions.tolist()
         assert sample.num_interruptions >= 1
