@@ -77,7 +77,9 @@ class VLLMClient:
             "temperature": request.temperature,
             "top_p": request.top_p,
             "logprobs": 0,  # the sampled token's log-prob only
-            "detokenize": False,
+            # keep vLLM's detokenizer on (the default): without one, an aborted request's final
+            # output takes vLLM's pooling branch and the call fails instead of returning its
+            # partial tokens with finish_reason "abort"
         }
         if request.seed is not None:
             sampling["seed"] = request.seed

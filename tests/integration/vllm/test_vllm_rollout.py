@@ -277,9 +277,10 @@ def test_kept_request_continues_with_its_cache(vllm_server, tiny_model_dir, reco
     """pause_mode=in_place (vLLM /pause?mode=keep): the requests freeze with their KV cache and
     finish after /resume in the same call, never aborted; the segment carries the older version
     (vLLM's per-token spans: its oldest token). Leaves the original weights at version 10."""
-    group, uninterrupted = interrupted_run(
+    group, uninterrupted, held = interrupted_run(
         vllm_server, tiny_model_dir, PauseMode.in_place, 10, record_property
     )
+    assert held == 2  # both requests stayed on the server, frozen, while the weights changed
     for sample in group.samples:
         assert sample.num_interruptions == 0
         assert set(sample.versions.tolist()) == {9}
