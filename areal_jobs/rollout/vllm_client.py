@@ -2,8 +2,8 @@
 
 Generation uses vLLM's token-in/token-out route `POST /inference/v1/generate` (server flag
 `--enable-scale-out`) rather than `/v1/completions`: the same engine path, but the request id is
-ours (an abort by id means what it says), no detokenizer runs, and every output token comes back
-with the label of the weights that sampled it (`weight_versions` spans), so a segment's version
+ours (an abort by id means what it says), no text goes over the wire, and every output token comes
+back with the label of the weights that sampled it (`weight_versions` spans), so a segment's version
 is the server's own record, not a guess from the client. Log-probs are vLLM's default
 `raw_logprobs`: the model's log-softmax before temperature / top-p, which is what the trainer
 recomputes.
