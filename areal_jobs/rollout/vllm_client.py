@@ -74,7 +74,9 @@ class VLLMClient:
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         sampling: dict[str, Any] = {
             "max_tokens": request.max_new_tokens,
-            "temperature": request.temperature,
+            # vLLM raises a temperature below 0.01 to 0.01; below that we ask for greedy decoding,
+            # the limit such a request means (log-probs are the raw ones either way)
+            "temperature": request.temperature if request.temperature >= 0.01 else 0.0,
             "top_p": request.top_p,
             "logprobs": 0,  # the sampled token's log-prob only
             # keep vLLM's detokenizer on (the default): without one, an aborted request's final
