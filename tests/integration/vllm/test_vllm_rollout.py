@@ -183,22 +183,12 @@ class _ZeroScorer:
         return {}
 
 
-def generated_tokens(server) -> float:
-    """vLLM's own count of generated tokens (GET /metrics): progress we can wait for, not a timer."""
-    text = requests.get(
-        f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"}, timeout=30
-    ).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:generation_tokens_total")
-    )
-
-
 def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_property):
-    """One group of 2 greedy samples on a long-answer prompt, interrupted by a weight update (the
-    same weights) under `mode` once the server has generated a few tokens for them. Returns (the
-    group, the uninterrupted answer, requests held by the server while it was paused)."""
+    """One group of 2 greedy samples on a long-answer prompt while the trainer side publishes the
+    same weights again and again (version, version + 1, ...) under `mode` until the group is done:
+    vLLM decodes the tiny model at hundreds of tokens/s, so instead of aiming one update at the
+    middle of an answer, updates keep landing until it is finished. Returns (the group, the
+    uninterrupted answer, requests held by the server at each pause, the first version)."""
     backend = trainer(model_dir)
     tok = load_tokenizer(model_dir)
     weights = dict(backend.iter_weights())
@@ -206,7 +196,7 @@ def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_pro
 
     async def go():
         caster = Broadcaster(server, pause_mode=mode)
-        await caster.publish(weights, version=version - 1)  # back to the original weights
+        await caster.publish(weights, version=version)  # back to the original weights
         data = DataConfig(num_eval_prompts=16)
         candidates = eval_prompts(data, tok.encode)
         plain = await generate_all(
@@ -216,7 +206,7 @@ def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_pro
         assert len(plain[index].output_ids) >= 150, "no long greedy answer to interrupt"
         stream = PromptStream(data, tok.encode)
         stream.at = lambda i: dataclasses.replace(candidates[index], data_index=i)  # always that prompt
-        pushed, held = [], []
+        pushed, held, update_s = [], [], []
 
         async def push(group):
             pushed.append(group)
@@ -224,66 +214,68 @@ def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_pro
         async def on_paused():
             held.append(ctl.segments_in_flight)
 
-        rollout = RolloutConfig(max_new_tokens=max_new, temperature=1e-5, pause_mode=mode)
-        algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=0)
+        # one group at a time (max_concurrent = group size); no staleness limit on admission
+        rollout = RolloutConfig(max_new_tokens=max_new, temperature=1e-5, pause_mode=mode, max_concurrent=2)
+        algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=10_000)
         ctl = RolloutController(rollout, algo, caster.pool, _ZeroScorer(), stream, tok.decode, push)
-        ctl.version = version - 1
-        tokens_before = await asyncio.to_thread(generated_tokens, server)
+        ctl.version = version
         admission = asyncio.create_task(ctl.admission_loop())
-        for _ in range(3000):  # both samples on the server and a few tokens into their answers
-            if (
-                ctl.segments_in_flight == 2
-                and await asyncio.to_thread(generated_tokens, server) >= tokens_before + 8
-            ):
+        for _ in range(3000):
+            if ctl.segments_in_flight == 2:
                 break
-            await asyncio.sleep(0.01)
-        ctl.running.clear()
-        t0 = asyncio.get_running_loop().time()
-        await caster.publish(weights, version=version, on_paused=on_paused)
-        update_s = asyncio.get_running_loop().time() - t0
-        ctl.on_version(version)
-        ctl.running.set()
-        for _ in range(600):
-            if any(g.data_index == 0 for g in pushed):
-                break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.005)
+        current = version
+        while not any(g.data_index == 0 for g in pushed) and current < version + 100:
+            ctl.running.clear()
+            current += 1
+            t0 = asyncio.get_running_loop().time()
+            await caster.publish(weights, version=current, on_paused=on_paused)
+            update_s.append(asyncio.get_running_loop().time() - t0)
+            ctl.on_version(current)
+            ctl.running.set()
+            await asyncio.sleep(0.05)
         await ctl.stop()
         admission.cancel()
         await caster.close()
-        return next(g for g in pushed if g.data_index == 0), plain[index], held[0], update_s
+        first = next(g for g in pushed if g.data_index == 0)
+        return first, plain[index], held, update_s
 
     group, uninterrupted, held, update_s = asyncio.run(go())
-    record_property(f"update_s_{mode.value}", round(update_s, 3))
-    print(f"\nvLLM pause_mode={mode.value}: update with 2 requests in flight took {update_s:.3f}s")
+    median = sorted(update_s)[len(update_s) // 2]
+    record_property(f"update_s_{mode.value}", round(median, 3))
+    print(
+        f"\nvLLM pause_mode={mode.value}: {len(update_s)} updates while generating, median {median:.3f}s, held {held}"
+    )
     return group, uninterrupted, held
 
 
 def test_aborted_request_continues_under_new_version(vllm_server, tiny_model_dir, record_property):
-    """pause_mode=abort: the samples return their partial tokens (version v), are re-sent as
-    prompt + partial output and finish under v + 1; greedy continuation with the same weights
-    reproduces the uninterrupted answer exactly. Leaves the original weights at version 8."""
+    """pause_mode=abort: the samples return their partial tokens, are re-sent as prompt + partial
+    output and go on under the next version; every token keeps the version it was sampled under,
+    and greedy continuation with the same weights reproduces the uninterrupted answer exactly."""
     group, uninterrupted, held = interrupted_run(
         vllm_server, tiny_model_dir, PauseMode.abort, 8, record_property
     )
-    assert held == 0  # every request came back (aborted) before the weights changed
+    assert set(held) == {0}  # every request came back (aborted) before the weights changed
+    assert any(len(set(s.versions.tolist())) >= 2 for s in group.samples), "no answer spans two versions"
     for sample in group.samples:
         versions = sample.versions.tolist()
         assert sample.num_interruptions >= 1
-        assert versions[0] == 7 and versions[-1] == 8 and versions == sorted(versions)
+        assert versions == sorted(versions) and versions[0] >= 8
         assert sample.output_ids.tolist() == uninterrupted.output_ids
 
 
 def test_kept_request_continues_with_its_cache(vllm_server, tiny_model_dir, record_property):
-    """pause_mode=in_place (vLLM /pause?mode=keep): the requests freeze with their KV cache and
-    finish after /resume in the same call, never aborted; the segment carries the older version
-    (vLLM's per-token spans: its oldest token). Leaves the original weights at version 10."""
+    """pause_mode=in_place (vLLM /pause?mode=keep): the requests freeze with their KV cache while
+    the weights change and finish in the same call, never aborted; the segment carries its oldest
+    token's version (vLLM's per-token spans), the one it was sent under."""
     group, uninterrupted, held = interrupted_run(
-        vllm_server, tiny_model_dir, PauseMode.in_place, 10, record_property
+        vllm_server, tiny_model_dir, PauseMode.in_place, 200, record_property
     )
-    assert held == 2  # both requests stayed on the server, frozen, while the weights changed
+    assert 2 in held  # both requests stayed on the server, frozen, while the weights changed
     for sample in group.samples:
         assert sample.num_interruptions == 0
-        assert set(sample.versions.tolist()) == {9}
+        assert set(sample.versions.tolist()) == {200}
         assert sample.output_ids.tolist() == uninterrupted.output_ids
 
 
