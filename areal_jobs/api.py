@@ -86,19 +86,80 @@ class GenerateResponse:
     weight_version: int  # the policy version every token of this segment was sampled under
 
 
-@runtime_checkable
-class RolloutBackendClient(Protocol):
-    """A rollout server as the controller sees it (SGLang today; vLLM later)."""
+class GenerationClient(Protocol):
+    """Generation on one rollout server: what the controller's samples and evaluations use."""
 
     name: str
 
-    async def generate(self, request: GenerateRequest) -> GenerateResponse: ...
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        """Token ids in; token ids, behaviour log-probs and the weight version out. An aborted
+        request returns its partial tokens (finish_reason abort)."""
+        ...
+
+    async def healthy(self) -> bool: ...
+
+    async def abort_all(self) -> None:
+        """Abort every request on the server; each returns its partial tokens."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class PauseControl(Protocol):
+    """Pausing a server around a weight update. `mode` is a config.PauseMode value; the engine
+    client maps it onto its own routes (SGLang: /pause_generation; vLLM: /pause?mode=...)."""
 
     async def pause(self, mode: str) -> None: ...
 
     async def resume(self) -> None: ...
 
-    async def healthy(self) -> bool: ...
+
+class WeightReceiver(Protocol):
+    """A server's half of the weight-update handshake: join the sender's broadcast group (ranks
+    after the sender's rank 0), then begin / one call per flattened bucket / end. The trainer's
+    side (weights/broadcast.py) is the same for every engine."""
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None: ...
+
+    async def destroy_weights_update_group(self, group_name: str) -> None: ...
+
+    async def begin_weight_update(self) -> None: ...
+
+    async def update_weights_from_distributed(
+        self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
+    ) -> None:
+        """Receive one bucket (broadcast by the sender at the same time) and load it in place."""
+        ...
+
+    async def end_weight_update(self) -> None:
+        """After the last bucket: the server generates with the new weights at the new version."""
+        ...
+
+    async def flush_cache(self) -> None:
+        """Drop cached prefixes computed with old weights (abort and drain pause modes)."""
+        ...
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        """Fallback: load a Hugging Face checkpoint directory."""
+        ...
+
+    async def weight_version(self) -> int:
+        """The policy version the server generates with now."""
+        ...
+
+
+@runtime_checkable
+class RolloutEngineClient(GenerationClient, PauseControl, WeightReceiver, Protocol):
+    """One rollout server as the controller sees it, whatever the engine (SGLang or vLLM;
+    rollout/engine=...). The controller and the weight-update orchestrator speak only this."""
 
 
 # ------------------------------------------------------------------------------------ weights

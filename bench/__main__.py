@@ -47,6 +47,7 @@ SECTIONS: list[tuple[str, str, bool]] = [
     ("e2e", "bench.e2e_bench", False),
     ("reward", "bench.reward_bench", False),
     ("trainer", "bench.trainer_bench", False),
+    ("engine", "bench.engine_bench", False),  # SGLang vs vLLM: starts each engine itself, one at a time
 ]
 
 

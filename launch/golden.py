@@ -1,9 +1,9 @@
 """Committed reference renders in sbatch/: `make golden` regenerates them, a test diffs them.
 
-    python -m launch.golden            # rewrite sbatch/<experiment>.sbatch
+    python -m launch.golden            # rewrite sbatch/<reference>.sbatch
     python -m launch.golden --check    # exit 1 with a diff if any render is out of date
 
-Each reference is a conf/experiment/*.yaml composed exactly as `make submit EXP=<name>` would,
+Each reference is a conf/experiment/*.yaml (plus overrides) composed exactly as `make submit` would,
 with a fixed shared-filesystem layout (/shared/areal_jobs) instead of the caller's directory and
 interpreter, so the files do not depend on who renders them.
 """
@@ -27,30 +27,36 @@ SBATCH_DIR = REPO / "sbatch"
 WORKDIR = "/shared/areal_jobs"
 PYTHON = "/shared/areal_jobs/.venv/bin/python"
 
-# experiment -> extra overrides; the account/qos placeholders show ops where site values go
+# reference name -> experiment and extra overrides (sbatch/<name>.sbatch); the account/qos
+# placeholders show ops where site values go
 COMMON_OVERRIDES = ["cluster.account=rl-team", "cluster.qos=normal"]
-REFERENCES: dict[str, list[str]] = {
-    "math_qwen2_1p5b": [],
-    "math_qwen2_7b": [],
-    "code_qwen2_14b": [
-        "cluster.container_image=/shared/images/areal_jobs.sqsh",
-        "cluster.container_mounts=/shared:/shared",
-    ],
+REFERENCES: dict[str, tuple[str, list[str]]] = {
+    "math_qwen2_1p5b": ("math_qwen2_1p5b", []),
+    "math_qwen2_1p5b_vllm": ("math_qwen2_1p5b", ["rollout/engine=vllm"]),
+    "math_qwen2_7b": ("math_qwen2_7b", []),
+    "code_qwen2_14b": (
+        "code_qwen2_14b",
+        [
+            "cluster.container_image=/shared/images/areal_jobs.sqsh",
+            "cluster.container_mounts=/shared:/shared",
+        ],
+    ),
 }
 
 
-def render_reference(experiment: str) -> str:
-    """The script `make submit EXP=<experiment>` would submit from /shared/areal_jobs."""
+def render_reference(name: str) -> str:
+    """The script `make submit EXP=<experiment> OVERRIDES=...` would submit from /shared/areal_jobs."""
     register_configs()
     GlobalHydra.instance().clear()
-    overrides = [f"experiment={experiment}", *COMMON_OVERRIDES, *REFERENCES[experiment]]
+    experiment, extra = REFERENCES[name]
+    overrides = [f"experiment={experiment}", *COMMON_OVERRIDES, *extra]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="submit", overrides=overrides)
     return prepare(to_job_config(cfg), cwd=WORKDIR, python=PYTHON).script
 
 
-def golden_path(experiment: str) -> Path:
-    return SBATCH_DIR / f"{experiment}.sbatch"
+def golden_path(name: str) -> Path:
+    return SBATCH_DIR / f"{name}.sbatch"
 
 
 def diff_against_golden(experiment: str) -> str:

@@ -13,7 +13,7 @@ import shlex
 import string
 from pathlib import Path, PurePosixPath
 
-from areal_jobs.config import ClusterConfig, JobConfig
+from areal_jobs.config import ClusterConfig, JobConfig, RolloutEngine
 from launch.plan import AllocationPlan
 
 TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "sbatch" / "hetjob.sbatch.tmpl"
@@ -117,6 +117,16 @@ def _check_paths(cluster: ClusterConfig) -> None:
         )
 
 
+def engine_python(job: JobConfig) -> str:
+    """The rollout servers' engine interpreter on the nodes: rollout.engine_python, else the
+    checkout's .venv-vllm for vLLM (made by `make vllm-venv` in cluster.workdir), else cluster.python."""
+    if job.rollout.engine_python:
+        return job.rollout.engine_python
+    if job.rollout.engine is RolloutEngine.vllm:
+        return str(PurePosixPath(job.cluster.workdir) / ".venv-vllm" / "bin" / "python")
+    return job.cluster.python
+
+
 def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = None) -> str:
     """The sbatch script for `job` laid out by `plan` (pass the planned job: see plan.apply_plan)."""
     _check_paths(job.cluster)
@@ -127,6 +137,8 @@ def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = N
         "sbatch_header": sbatch_header(job, plan),
         "run_dir": shlex.quote(run_dir_of(job)),
         "python": shlex.quote(job.cluster.python),
+        "rollout_engine": job.rollout.engine.value,
+        "engine_python": shlex.quote(engine_python(job)),
         "rollout_tp": str(plan.rollout_tp),
         "servers_per_node": str(plan.servers_per_node),
         "trainer_tasks_per_node": str(plan.trainer_tasks_per_node),

@@ -19,7 +19,7 @@ from areal_jobs.config.job import (
     to_job_config,
 )
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
-from areal_jobs.config.rollout import PauseMode, RolloutBackend, RolloutConfig
+from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine
 from areal_jobs.config.trainer import (
     CheckpointConfig,
     DistBackend,
@@ -45,8 +45,8 @@ __all__ = [
     "NetworkIsolation",
     "PauseMode",
     "RewardConfig",
-    "RolloutBackend",
     "RolloutConfig",
+    "RolloutEngine",
     "RunConfig",
     "TrainerBackend",
     "TrainerConfig",

@@ -6,7 +6,9 @@ import enum
 from dataclasses import dataclass, field
 
 
-class RolloutBackend(enum.Enum):
+class RolloutEngine(enum.Enum):
+    """The inference engine behind every rollout server (conf group `rollout/engine`)."""
+
     sglang = "sglang"
     vllm = "vllm"
 
@@ -21,7 +23,10 @@ class PauseMode(enum.Enum):
 class RolloutConfig:
     """Rollout servers and the asyncio controller that drives them."""
 
-    backend: RolloutBackend = RolloutBackend.sglang
+    engine: RolloutEngine = RolloutEngine.sglang  # choose with rollout/engine=sglang|vllm
+    # interpreter that runs the engine server; "" = the engine's default (vllm: .venv-vllm/bin/python
+    # of the checkout when it exists, else this interpreter; sglang: this interpreter)
+    engine_python: str = ""
     num_servers: int = 1  # local mode: servers started by launch.local
     tp_size: int = 1  # GPUs per server (cluster mode)
     max_new_tokens: int = 256
@@ -35,14 +40,15 @@ class RolloutConfig:
     health_interval_s: float = 5.0
     max_server_restarts: int = 3  # local mode: a server that dies is restarted this often per run
     max_total_tokens: int = 32768  # server KV-cache capacity in tokens (CPU mode)
+    kv_cache_gib: float = 1.0  # vllm on CPU: KV-cache size (VLLM_CPU_KVCACHE_SPACE); GPUs size it themselves
     server_threads: int = 1  # torch threads per server process (CPU mode)
     base_port: int = 0  # server i listens on base_port + i; 0 = any free port (local mode)
     controller_port: int = 0  # controller binds this (trajectories) and +1 (control); 0 = free
     extra_server_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.backend is RolloutBackend.vllm:
-            raise ValueError("rollout.backend=vllm is not implemented yet: use rollout.backend=sglang")
+        if self.kv_cache_gib <= 0:
+            raise ValueError("rollout.kv_cache_gib must be > 0 (vLLM's KV cache on CPU, in GiB)")
         if self.temperature <= 0:
             raise ValueError("rollout.temperature must be > 0 for RL sampling")
         if self.max_concurrent < 1 or self.num_servers < 1 or self.tp_size < 1:

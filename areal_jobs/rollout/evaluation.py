@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from areal_jobs.api import FinishReason, GenerateRequest, RewardRequest, RewardScorer
 from areal_jobs.data.prompts import Prompt
+from areal_jobs.rollout.engine_http import ServerCallError
 from areal_jobs.rollout.server_pool import NoServerAvailable, ServerPool
-from areal_jobs.rollout.sglang_client import ServerCallError
 
 logger = logging.getLogger(__name__)
 

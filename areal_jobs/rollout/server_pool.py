@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from areal_jobs.api import RolloutBackendClient
+from areal_jobs.api import RolloutEngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class NoServerAvailable(RuntimeError):
 @dataclass
 class ServerSlot:
     index: int
-    client: RolloutBackendClient
+    client: RolloutEngineClient
     tp_size: int = 1
     in_flight: int = 0
     up: bool = True
@@ -36,7 +36,7 @@ class ServerPool:
     def __init__(self) -> None:
         self.slots: dict[int, ServerSlot] = {}
 
-    def add(self, index: int, client: RolloutBackendClient, tp_size: int = 1) -> ServerSlot:
+    def add(self, index: int, client: RolloutEngineClient, tp_size: int = 1) -> ServerSlot:
         slot = ServerSlot(index=index, client=client, tp_size=tp_size)
         self.slots[index] = slot
         return slot
@@ -58,7 +58,7 @@ class ServerPool:
         slot.up = False
         slot.failures += 1
 
-    def rejoin(self, index: int, client: RolloutBackendClient) -> None:
+    def rejoin(self, index: int, client: RolloutEngineClient) -> None:
         """A restarted server (possibly at a new address) will get weights at the next update."""
         slot = self.slots[index]
         slot.client, slot.joining, slot.up, slot.in_flight = client, True, False, 0

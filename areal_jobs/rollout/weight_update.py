@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 
 from areal_jobs.api import WeightSender
 from areal_jobs.config import PauseMode
+from areal_jobs.rollout.engine_http import ServerCallError
 from areal_jobs.rollout.server_pool import ServerPool, ServerSlot
-from areal_jobs.rollout.sglang_client import ServerCallError
 
 logger = logging.getLogger(__name__)
 

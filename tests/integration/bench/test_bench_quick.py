@@ -36,6 +36,7 @@ EXPECTED = {
     "controller": ["controller/completed_requests_per_s", "transport/messages_per_s", "transport/mb_per_s"],
     "reward": ["reward/math_per_s"],
     "trainer": ["trainer/torch_tokens_per_s"],
+    "engine": ["engine/vllm_over_sglang_gen", "engine/vllm_update_s", "engine/sglang_update_s"],
 }
 
 

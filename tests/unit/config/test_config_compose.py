@@ -7,7 +7,15 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from areal_jobs.config import Advantage, JobConfig, PauseMode, TrainerBackend, register_configs, to_job_config
+from areal_jobs.config import (
+    Advantage,
+    JobConfig,
+    PauseMode,
+    RolloutEngine,
+    TrainerBackend,
+    register_configs,
+    to_job_config,
+)
 
 CONF = str(Path(__file__).resolve().parents[3] / "conf")
 
@@ -31,6 +39,13 @@ def test_shell_overrides_and_groups():
     assert cfg.rollout.pause_mode is PauseMode.in_place and cfg.trainer.total_steps == 7
 
 
+def test_rollout_engine_is_a_config_group():
+    assert job().rollout.engine is RolloutEngine.sglang
+    assert job("rollout/engine=vllm").rollout.engine is RolloutEngine.vllm
+    with pytest.raises(ConfigCompositionException):
+        job("rollout/engine=tgi")
+
+
 @pytest.mark.parametrize(
     "override, error",
     [
@@ -52,7 +67,7 @@ def test_bad_overrides_are_rejected(override, error):
         ("algo.group_size=1", "algo.group_size"),
         ("trainer.tp_size=2", "trainer=megatron"),
         ("data.dataset=gsm8k", "data.train_path"),
-        ("rollout.backend=vllm", "rollout.backend=sglang"),
+        ("rollout.kv_cache_gib=0", "rollout.kv_cache_gib"),
     ],
 )
 def test_cross_field_errors_name_the_override(override, fragment):

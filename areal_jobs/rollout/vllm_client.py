@@ -1,0 +1,195 @@
+"""The one module that speaks vLLM's HTTP API; implements api.RolloutEngineClient.
+
+Generation uses vLLM's token-in/token-out route `POST /inference/v1/generate` (server flag
+`--enable-scale-out`) rather than `/v1/completions`: the same engine path, but the request id is
+ours (an abort by id means what it says), no text goes over the wire, and every output token comes
+back with the label of the weights that sampled it (`weight_versions` spans), so a segment's version
+is the server's own record, not a guess from the client. Log-probs are vLLM's default
+`raw_logprobs`: the model's log-softmax before temperature / top-p, which is what the trainer
+recomputes.
+
+Pause modes map onto vLLM's RL routes (server env VLLM_SERVER_DEV_MODE=1):
+    abort    -> POST /pause?mode=abort   (in-flight requests return their partial tokens)
+    in_place -> POST /pause?mode=keep    (requests freeze with their KV cache; /resume continues them)
+    drain    -> POST /pause?mode=wait    (returns once in-flight requests finished)
+Weight updates run in the server's workers (vllm_worker.BroadcastWeightReceiver) through
+`POST /collective_rpc`; the version label is set with `POST /update_weight_version`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, TensorSpec
+from areal_jobs.rollout.engine_http import EngineHTTP, ServerCallError, parse_weight_version
+
+logger = logging.getLogger(__name__)
+
+PAUSE_MODES = {"abort": "abort", "in_place": "keep", "drain": "wait"}  # config.PauseMode -> vLLM
+
+
+def parse_generate(payload: dict[str, Any]) -> GenerateResponse:
+    """Pure: vLLM /inference/v1/generate JSON (output_mode tokens) -> GenerateResponse.
+
+    The segment's version is the oldest label among its tokens' spans: a segment that straddled
+    an update (pause_mode=in_place) is never counted as fresher than its oldest token.
+    """
+    choices = payload.get("choices") or []
+    if len(choices) != 1:
+        raise ValueError(f"expected one choice, got {len(choices)}")
+    choice = choices[0]
+    output_ids = [int(i) for i in choice.get("token_ids") or []]
+    rows = (choice.get("logprobs") or {}).get("content") or []
+    if len(rows) != len(output_ids):
+        raise ValueError(f"{len(output_ids)} output ids but {len(rows)} log-probs: ask with logprobs=0")
+    if any(int(row["token_id"]) != tok for row, tok in zip(rows, output_ids)):
+        raise ValueError("log-prob rows do not match output ids")
+    try:
+        finish = FinishReason(choice.get("finish_reason"))
+    except ValueError:
+        raise ValueError(f"unexpected finish_reason {choice.get('finish_reason')!r}") from None
+    spans = choice.get("weight_versions") or []
+    versions = [parse_weight_version(span["version"]) for span in spans if span["end"] > span["start"]]
+    version = min(versions) if versions else -1  # -1: no token, the client fills in its own
+    return GenerateResponse(output_ids, [float(row["logprob"]) for row in rows], finish, version)
+
+
+class VLLMClient:
+    """One vLLM server (OpenAI-compatible API server with the RL routes and our worker extension)."""
+
+    def __init__(
+        self, name: str, url: str, api_key: str, *, generate_timeout_s: float, call_timeout_s: float
+    ) -> None:
+        self.name = name
+        self.url = url.rstrip("/")
+        self._http = EngineHTTP(
+            name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s
+        )
+        self._call_timeout_s = call_timeout_s
+        self._version = 0  # what the server was last told; reported for segments with no tokens
+        self._pending_version: int | None = None  # set by the buckets of an open update
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        sampling: dict[str, Any] = {
+            "max_tokens": request.max_new_tokens,
+            # vLLM raises a temperature below 0.01 to 0.01; below that we ask for greedy decoding,
+            # the limit such a request means (log-probs are the raw ones either way)
+            "temperature": request.temperature if request.temperature >= 0.01 else 0.0,
+            "top_p": request.top_p,
+            "logprobs": 0,  # the sampled token's log-prob only
+            # keep vLLM's detokenizer on (the default): without one, an aborted request's final
+            # output takes vLLM's pooling branch and the call fails instead of returning its
+            # partial tokens with finish_reason "abort"
+        }
+        if request.seed is not None:
+            sampling["seed"] = request.seed
+        body = {
+            "request_id": request.rid,
+            "token_ids": request.input_ids,
+            "sampling_params": sampling,
+            "output_mode": "tokens",
+        }
+        payload = await self._http.post("/inference/v1/generate", body, self._http.generate_timeout)
+        try:
+            response = parse_generate(payload)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServerCallError(self.name, "/inference/v1/generate", str(exc)) from None
+        if response.weight_version < 0:
+            response = GenerateResponse(
+                response.output_ids, response.logprobs, response.finish_reason, self._version
+            )
+        return response
+
+    async def healthy(self) -> bool:
+        return await self._http.healthy()
+
+    async def abort_all(self) -> None:
+        await self._http.post("/abort_requests", {})
+
+    async def pause(self, mode: str) -> None:
+        try:
+            vllm_mode = PAUSE_MODES[mode]
+        except KeyError:
+            raise ValueError(f"unknown pause mode {mode!r}: one of {sorted(PAUSE_MODES)}") from None
+        # clear_cache=false: the handshake flushes once, after the new weights are in
+        await self._http.request("POST", "/pause", params={"mode": vllm_mode, "clear_cache": "false"})
+
+    async def resume(self) -> None:
+        await self._http.post("/resume", {})
+
+    # ------------------------------------------------------------------ weight updates
+
+    async def _rpc(self, method: str, **payload: Any) -> Any:
+        """Run `method` of the worker extension on every worker of the server."""
+        result = await self._http.post("/collective_rpc", {"method": method, "args": [json.dumps(payload)]})
+        return (result or {}).get("results") if isinstance(result, dict) else None
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        await self._rpc(
+            "areal_init_group",
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+            timeout_s=self._call_timeout_s,
+        )
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        await self._rpc("areal_destroy_group", group_name=group_name)
+
+    async def begin_weight_update(self) -> None:
+        await self._rpc("areal_begin_update")
+
+    async def update_weights_from_distributed(
+        self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
+    ) -> None:
+        await self._rpc(
+            "areal_receive_bucket",
+            names=[t.name for t in tensors],
+            dtypes=[t.dtype for t in tensors],
+            shapes=[list(t.shape) for t in tensors],
+            group_name=group_name,
+        )
+        self._pending_version = version
+
+    async def end_weight_update(self) -> None:
+        version = self._version if self._pending_version is None else self._pending_version
+        await self._rpc("areal_end_update", version=str(version))
+        await self._set_version(version)
+        self._pending_version = None
+
+    async def flush_cache(self) -> None:
+        result = await self._http.post("/reset_prefix_cache", {})
+        if isinstance(result, dict) and result.get("success") is False:
+            # blocks still held by a request that is finishing: the handshake retries on 400
+            raise ServerCallError(self.name, "/reset_prefix_cache", "prefix cache still in use", 400)
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        """Fallback: the same in-place load as a broadcast, from safetensors files (not vLLM's
+        `reload_weights`, which corrupts tied embeddings on CPU: docs/engines.md)."""
+        await self._rpc("areal_load_from_disk", path=model_path)
+        await self._rpc("areal_end_update", version=str(version))
+        await self._set_version(version)
+
+    async def _set_version(self, version: int) -> None:
+        await self._http.post("/update_weight_version", {"new_version": str(version)})
+        self._version = version
+
+    async def weight_version(self) -> int:
+        info = await self._http.request("GET", "/weight_info")
+        return parse_weight_version((info or {}).get("weight_version"))
+
+    async def close(self) -> None:
+        await self._http.close()

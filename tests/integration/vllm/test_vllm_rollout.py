@@ -1,0 +1,302 @@
+"""Against a real vLLM server on CPU (tied embeddings): log-probs match the trainer, broadcast
+weights take effect, interrupted requests continue under the new version in both pause modes,
+the disk fallback loads, and the API key guards every route.
+
+The tests share one server and run in file order; each test states the weights it leaves behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from areal_jobs.api import GenerateRequest, RewardResult
+from areal_jobs.config import AlgoConfig, DataConfig, DType, PauseMode, RolloutConfig, TrainerConfig
+from areal_jobs.data.prompts import PromptStream, eval_prompts
+from areal_jobs.data.tokenizer import load_tokenizer
+from areal_jobs.rollout.controller import RolloutController
+from areal_jobs.trainer.batch import TrainSample
+from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
+
+from .harness import Broadcaster, client_for
+
+pytestmark = pytest.mark.vllm
+
+
+def trainer(model_dir) -> TorchBackend:
+    backend = TorchBackend(TrainerConfig(), AlgoConfig(), str(model_dir), DType.float32)
+    backend.setup()
+    backend.model.eval()
+    return backend
+
+
+def prompts(model_dir, n):
+    tok = load_tokenizer(model_dir)
+    return [p.input_ids for p in eval_prompts(DataConfig(num_eval_prompts=n), tok.encode)]
+
+
+async def generate_all(server, inputs, max_new_tokens, temperature, tag="t"):
+    client = client_for(server)
+    try:
+        return await asyncio.gather(
+            *(
+                client.generate(GenerateRequest(f"{tag}{i}-{temperature}", ids, max_new_tokens, temperature))
+                for i, ids in enumerate(inputs)
+            )
+        )
+    finally:
+        await client.close()
+
+
+def hf_greedy(backend: TorchBackend, ids: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = backend.model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=0,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def assert_greedy_equal(server, backend, inputs, version, max_new_tokens=24):
+    served = asyncio.run(generate_all(server, inputs, max_new_tokens, 0.0, tag=f"g{version}-"))
+    for ids, response in zip(inputs, served):
+        assert response.weight_version == version
+        assert response.output_ids == hf_greedy(backend, ids, max_new_tokens)
+
+
+def perturbed(model_dir, seed: int) -> TorchBackend:
+    backend = trainer(model_dir)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in backend.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return backend
+
+
+async def publish(server, weights, version, **kwargs):
+    caster = Broadcaster(server, **kwargs)
+    try:
+        await caster.publish(weights, version=version)
+    finally:
+        await caster.close()
+
+
+def test_server_logprobs_match_trainer_recomputation(vllm_server, tiny_model_dir, record_property):
+    inputs = prompts(tiny_model_dir, 8)
+    responses = asyncio.run(generate_all(vllm_server, inputs, 48, 1.0))
+    samples = [
+        TrainSample(
+            f"s{i}",
+            np.array(p + r.output_ids),
+            len(p),
+            np.array(r.logprobs, dtype=np.float32),
+            np.zeros(len(r.output_ids), dtype=np.int32),
+            0.0,
+            0.0,
+        )  # fmt: skip
+        for i, (p, r) in enumerate(zip(inputs, responses))
+        if r.output_ids
+    ]
+    with torch.no_grad():
+        recomputed = torch.cat(token_logprobs(trainer(tiny_model_dir).model, samples)).numpy()
+    served = np.concatenate([s.behav_logprobs for s in samples])
+    diff = np.abs(recomputed - served)
+    record_property("logprob_max_abs_diff", float(diff.max()))
+    record_property("logprob_mean_abs_diff", float(diff.mean()))
+    print(
+        f"\nvLLM log-prob |server - trainer| over {diff.size} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}"
+    )
+    assert diff.size > 50
+    assert diff.mean() < 1e-3 and diff.max() < 1e-2
+    assert all(r.weight_version == 0 for r in responses)
+
+
+def test_eos_is_kept_in_output_ids(vllm_server, tiny_model_dir):
+    """The policy must learn to stop: an answer that ends on EOS carries the EOS token (id 0)."""
+    responses = asyncio.run(generate_all(vllm_server, prompts(tiny_model_dir, 16), 64, 1.0, tag="eos"))
+    stopped = [r for r in responses if r.finish_reason.value == "stop"]
+    assert stopped, "no answer stopped within 64 tokens"
+    assert all(r.output_ids[-1] == 0 and len(r.logprobs) == len(r.output_ids) for r in stopped)
+
+
+def test_broadcast_makes_server_greedy_equal_trainer_greedy(vllm_server, tiny_model_dir):
+    """Tied embeddings (no lm_head.weight is sent). Leaves the server on perturbed weights at v1."""
+    backend = perturbed(tiny_model_dir, seed=1)
+    asyncio.run(publish(vllm_server, dict(backend.iter_weights()), 1))
+    assert_greedy_equal(vllm_server, backend, prompts(tiny_model_dir, 4), version=1)
+
+
+def test_broadcast_group_is_re_formed_on_the_same_port(vllm_server, tiny_model_dir):
+    """A rejoining server forces a new generation-named group on the same store port.
+    Leaves the server on the original weights at version 5."""
+    backend = trainer(tiny_model_dir)
+    weights = dict(backend.iter_weights())
+
+    async def go():
+        caster = Broadcaster(vllm_server)
+        try:
+            await caster.publish(weights, version=4)
+            first = caster.group.group_name
+            caster.orch.forget_groups()
+            await caster.publish(weights, version=5)
+            return first, caster.group.group_name
+        finally:
+            await caster.close()
+
+    first, second = asyncio.run(go())
+    assert first != second and first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0]
+    assert_greedy_equal(vllm_server, backend, prompts(tiny_model_dir, 2), version=5)
+
+
+def test_disk_fallback_loads_tied_weights(vllm_server, tiny_model_dir, tmp_path):
+    """weight_sync.method=disk: the same in-place load from a safetensors checkpoint (not vLLM's
+    reload_weights, which corrupts tied embeddings on CPU). Leaves perturbed weights at version 6."""
+    backend = perturbed(tiny_model_dir, seed=2)
+    backend.save_hf(str(tmp_path / "v6"))
+
+    async def go():
+        client = client_for(vllm_server)
+        try:
+            await client.update_weights_from_disk(str(tmp_path / "v6"), 6)
+            await client.flush_cache()
+            return await client.weight_version()
+        finally:
+            await client.close()
+
+    assert asyncio.run(go()) == 6
+    assert_greedy_equal(vllm_server, backend, prompts(tiny_model_dir, 4), version=6)
+
+
+class _ZeroScorer:
+    async def score_group(self, requests):
+        return [RewardResult(0.0) for _ in requests]
+
+    def metrics(self):
+        return {}
+
+
+def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_property):
+    """One group of 2 greedy samples on a long-answer prompt while the trainer side publishes the
+    same weights again and again (version, version + 1, ...) under `mode` until the group is done:
+    vLLM decodes the tiny model at hundreds of tokens/s, so instead of aiming one update at the
+    middle of an answer, updates keep landing until it is finished. Returns (the group, the
+    uninterrupted answer, requests held by the server at each pause, the first version)."""
+    backend = trainer(model_dir)
+    tok = load_tokenizer(model_dir)
+    weights = dict(backend.iter_weights())
+    max_new = 400
+
+    async def go():
+        caster = Broadcaster(server, pause_mode=mode)
+        await caster.publish(weights, version=version)  # back to the original weights
+        data = DataConfig(num_eval_prompts=16)
+        candidates = eval_prompts(data, tok.encode)
+        plain = await generate_all(
+            server, [p.input_ids for p in candidates], max_new, 1e-5, tag=f"long{version}-"
+        )
+        index = max(range(len(plain)), key=lambda i: len(plain[i].output_ids))
+        assert len(plain[index].output_ids) >= 150, "no long greedy answer to interrupt"
+        stream = PromptStream(data, tok.encode)
+        stream.at = lambda i: dataclasses.replace(candidates[index], data_index=i)  # always that prompt
+        pushed, held, update_s = [], [], []
+
+        async def push(group):
+            pushed.append(group)
+
+        async def on_paused():
+            held.append(ctl.segments_in_flight)
+
+        # one group at a time (max_concurrent = group size); no staleness limit on admission
+        rollout = RolloutConfig(max_new_tokens=max_new, temperature=1e-5, pause_mode=mode, max_concurrent=2)
+        algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=10_000)
+        ctl = RolloutController(rollout, algo, caster.pool, _ZeroScorer(), stream, tok.decode, push)
+        ctl.version = version
+        admission = asyncio.create_task(ctl.admission_loop())
+        for _ in range(3000):
+            if ctl.segments_in_flight == 2:
+                break
+            await asyncio.sleep(0.005)
+        current = version
+        while not any(g.data_index == 0 for g in pushed) and current < version + 100:
+            ctl.running.clear()
+            current += 1
+            t0 = asyncio.get_running_loop().time()
+            await caster.publish(weights, version=current, on_paused=on_paused)
+            update_s.append(asyncio.get_running_loop().time() - t0)
+            ctl.on_version(current)
+            ctl.running.set()
+            await asyncio.sleep(0.05)
+        await ctl.stop()
+        admission.cancel()
+        await caster.close()
+        first = next(g for g in pushed if g.data_index == 0)
+        return first, plain[index], held, update_s
+
+    group, uninterrupted, held, update_s = asyncio.run(go())
+    median = sorted(update_s)[len(update_s) // 2]
+    record_property(f"update_s_{mode.value}", round(median, 3))
+    print(
+        f"\nvLLM pause_mode={mode.value}: {len(update_s)} updates while generating, median {median:.3f}s, held {held}"
+    )
+    return group, uninterrupted, held
+
+
+def test_aborted_request_continues_under_new_version(vllm_server, tiny_model_dir, record_property):
+    """pause_mode=abort: the samples return their partial tokens, are re-sent as prompt + partial
+    output and go on under the next version; every token keeps the version it was sampled under,
+    and greedy continuation with the same weights reproduces the uninterrupted answer exactly."""
+    group, uninterrupted, held = interrupted_run(
+        vllm_server, tiny_model_dir, PauseMode.abort, 8, record_property
+    )
+    assert set(held) == {0}  # every request came back (aborted) before the weights changed
+    assert any(len(set(s.versions.tolist())) >= 2 for s in group.samples), "no answer spans two versions"
+    for sample in group.samples:
+        versions = sample.versions.tolist()
+        assert sample.num_interruptions >= 1
+        assert versions == sorted(versions) and versions[0] >= 8
+        assert sample.output_ids.tolist() == uninterrupted.output_ids
+
+
+def test_kept_request_continues_with_its_cache(vllm_server, tiny_model_dir, record_property):
+    """pause_mode=in_place (vLLM /pause?mode=keep): the requests freeze with their KV cache while
+    the weights change and finish in the same call, never aborted; the segment carries its oldest
+    token's version (vLLM's per-token spans), the one it was sent under."""
+    group, uninterrupted, held = interrupted_run(
+        vllm_server, tiny_model_dir, PauseMode.in_place, 200, record_property
+    )
+    assert 2 in held  # both requests stayed on the server, frozen, while the weights changed
+    for sample in group.samples:
+        assert sample.num_interruptions == 0
+        assert set(sample.versions.tolist()) == {200}
+        assert sample.output_ids.tolist() == uninterrupted.output_ids
+
+
+def test_every_route_refuses_requests_without_the_api_key(vllm_server):
+    body = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}}
+    url = vllm_server.url
+    assert requests.post(f"{url}/inference/v1/generate", json=body, timeout=30).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-key"}
+    assert (
+        requests.post(f"{url}/inference/v1/generate", json=body, headers=wrong, timeout=30).status_code == 401
+    )
+    for path in (
+        "/pause",
+        "/resume",
+        "/abort_requests",
+        "/collective_rpc",
+        "/update_weight_version",
+        "/reset_prefix_cache",
+    ):
+        assert requests.post(f"{url}{path}", json={}, timeout=30).status_code == 401, path
+    for path in ("/health", "/weight_info", "/is_paused", "/v1/models"):
+        assert requests.get(f"{url}{path}", timeout=30).status_code == 401, path
+    right = {"Authorization": f"Bearer {vllm_server.api_key}"}
+    assert requests.get(f"{url}/health", headers=right, timeout=30).status_code == 200
