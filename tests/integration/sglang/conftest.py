@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from areal_jobs.config import ModelConfig, RolloutConfig
-from areal_jobs.rollout.discovery import free_port
 from areal_jobs.rollout.server import ServerProcess, start_server
+from areal_jobs.transport.discovery import free_port
 
 
 @pytest.fixture(scope="session")

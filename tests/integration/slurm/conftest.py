@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_jobs.rollout import discovery
+from areal_jobs.transport import discovery
 
 NUM_NODES = 4
 GPUS_PER_NODE = 8

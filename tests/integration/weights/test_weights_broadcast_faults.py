@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from areal_jobs.api import BucketSpec, TensorSpec
-from areal_jobs.rollout.discovery import free_port
+from areal_jobs.transport.discovery import free_port
 from areal_jobs.weights.broadcast import BroadcastTimeout, WeightBroadcastGroup
 
 GROUP = "fault-test"
