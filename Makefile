@@ -3,28 +3,31 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install run test test-gpu test-unit lint format bench clean ci warmstart
+.PHONY: install system-packages run test test-gpu test-unit lint format bench clean ci warmstart
 
-# Idempotent: re-runs only when the dependency lists change. CPU machines get the local CPU torch
-# wheel and SGLang's lean CPU install (requirements/sglang-cpu.txt); GPU machines the CUDA stack.
-install: $(STAMP)
-$(STAMP): setup.cfg pyproject.toml requirements/sglang-cpu.txt requirements/constraints-cpu.txt requirements/gpu.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -U pip
+# Idempotent (requirements/pip_install.py keeps a digest of its inputs in $(VENV)/.installed).
+# CPU machines get the CPU torch wheel (from PyTorch's CPU index when the package index lacks it:
+# TORCH_INDEX_URL) and SGLang's lean CPU install (requirements/sglang-cpu.txt); GPU machines the
+# CUDA stack. Another venv from other lists: pip_install.py --venv DIR -c FILE -r FILE.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+export TORCH_INDEX_URL
 ifeq ($(HAS_GPU),1)
-	$(PY) -m pip install -q -r requirements/gpu.txt
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+INSTALL_ARGS := -r requirements/gpu.txt -e ".[$(EXTRAS)]"
 else
-	$(PY) -m pip install -q -c requirements/constraints-cpu.txt -r requirements/sglang-cpu.txt
-	$(PY) -m pip install -q --no-deps sglang==0.5.23
-	$(PY) -m pip install -q -c requirements/constraints-cpu.txt -e ".[$(EXTRAS)]"
+INSTALL_ARGS := -c requirements/constraints-cpu.txt -r requirements/sglang-cpu.txt \
+	--no-deps sglang==0.5.23 -e ".[$(EXTRAS)]"
 endif
-	@touch $(STAMP)
+install:
+	@$(PYTHON) requirements/pip_install.py --venv $(VENV) $(INSTALL_ARGS)
+
+# System packages of the test suite (requirements/apt.txt, one per line): installed as root with
+# apt-get, otherwise the exact command to run is printed and make stops.
+system-packages:
+	@$(PYTHON) requirements/apt_install.py requirements/apt.txt
 
 # The built-in tiny experiment on this machine: builds the model, runs servers + controller + trainer.
 run: install
@@ -35,7 +38,7 @@ warmstart: install
 	$(PY) -m areal_jobs.data.tiny_model --out areal_jobs/data/builtin_model
 
 # CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
-test: install
+test: install system-packages
 	$(PY) -m pytest -m "not gpu" tests
 
 test-unit: install
@@ -45,11 +48,11 @@ test-gpu: install
 	$(PY) -m pytest -m gpu tests/gpu
 
 lint: install
-	$(PY) -m ruff check areal_jobs launch tests bench
-	$(PY) -m ruff format --check areal_jobs launch tests bench
+	$(PY) -m ruff check areal_jobs launch tests bench requirements
+	$(PY) -m ruff format --check areal_jobs launch tests bench requirements
 
 format: install
-	$(PY) -m ruff format areal_jobs launch tests bench
+	$(PY) -m ruff format areal_jobs launch tests bench requirements
 
 bench: install
 	$(PY) -m bench $(OVERRIDES)
@@ -73,9 +76,10 @@ render: install
 golden: install
 	$(PY) -m launch.golden
 
-status cancel: install
+# ops commands: standard library only (launch/slurm.py), no venv needed, nothing installed
+status cancel:
 	@test -n "$(JOB)" || { echo "usage: make $@ JOB=<job id printed by make submit>" >&2; exit 2; }
-	$(PY) -m launch.slurm $@ $(JOB)
+	@$(PYTHON) -m launch.slurm $@ $(JOB)
 # ---------------------------------------------------------------- end of the SLURM job suite
 
 clean:

@@ -14,7 +14,6 @@ from areal_jobs.transport.discovery import free_port
 
 @pytest.fixture(scope="session")
 def sglang_server(tiny_model_dir: Path, tmp_path_factory) -> ServerProcess:
-    pytest.importorskip("sglang", reason="SGLang is installed by `make install`")
     log = tmp_path_factory.mktemp("sglang") / "server.log"
     rollout = RolloutConfig(max_total_tokens=8192)
     server = start_server(
