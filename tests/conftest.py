@@ -28,6 +28,12 @@ LIBRARY_ENV = {
     "FLASHINFER_WORKSPACE_BASE",
     "TILELANG_CACHE_DIR",
 }
+# Changed on purpose by a fixture wider than one test, which restores it itself.
+FIXTURE_ENV = {
+    # test_reward_adversarial.py `outcome` (module): reward workers, spawned and respawned during the
+    # module, must inherit a secret the sandboxed attacks then try to read
+    "AREAL_PLANTED_SECRET",
+}
 _baseline: dict[str, object] = {}
 
 
@@ -36,7 +42,9 @@ def process_state() -> dict[str, object]:
     torch = sys.modules.get("torch")
     return {
         "os.environ": {
-            k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST" and k not in LIBRARY_ENV
+            k: v
+            for k, v in os.environ.items()
+            if k != "PYTEST_CURRENT_TEST" and k not in LIBRARY_ENV | FIXTURE_ENV
         },
         "cwd": os.getcwd(),
         "signal handlers": {sig.name: signal.getsignal(sig) for sig in _SIGNALS},
