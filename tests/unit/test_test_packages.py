@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
+# Libraries the project runs, some of them only in a venv of their own (vLLM): never a test package name.
+ENGINES = {"sglang", "vllm", "torch", "megatron", "transformers", "transformer_engine"}
 
 
 def top_level_test_packages() -> dict[str, Path]:
