@@ -30,7 +30,8 @@ def test_no_test_package_shadows_an_importable_module():
     shadowing = {
         name: str(folder.relative_to(TESTS.parent))
         for name, folder in top_level_test_packages().items()
-        if name in sys.stdlib_module_names
+        if name in ENGINES
+        or name in sys.stdlib_module_names
         or importlib.machinery.PathFinder.find_spec(name, outside) is not None
     }
     assert shadowing == {}, f"rename these test packages, or drop their __init__.py: {shadowing}"
