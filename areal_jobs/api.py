@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
 
 if TYPE_CHECKING:  # annotations only: this module imports no torch
     import torch
-
-    from areal_jobs.trainer.batch import TrainBatch
 
 # ------------------------------------------------------------------------------------ rewards
 
@@ -195,6 +195,41 @@ class WeightSender:
 
 
 # ------------------------------------------------------------------------------------ trainer
+# Built from trajectory groups by trainer/batch.py; per sample: input_ids [L] = prompt [p] +
+# output [n]; behav_logprobs and versions are [n].
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    sample_id: str
+    input_ids: np.ndarray  # int64 [p + n]
+    num_prompt_tokens: int  # p
+    behav_logprobs: np.ndarray  # float32 [n]
+    versions: np.ndarray  # int32 [n]
+    advantage: float
+    reward: float
+
+    @property
+    def num_output_tokens(self) -> int:
+        return int(self.behav_logprobs.shape[0])
+
+
+@dataclass
+class TrainBatch:
+    version: int  # trainer policy version the batch is trained at (produces version + 1)
+    samples: list[TrainSample]
+    group_ids: list[str]
+    filtered_group_ids: list[str] = field(default_factory=list)  # uniform rewards, no signal
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(s.num_output_tokens for s in self.samples)
+
+    def staleness(self) -> np.ndarray:
+        """Per trained token: versions behind the trainer. int32 [sum n]."""
+        if not self.samples:
+            return np.zeros(0, dtype=np.int32)
+        return self.version - np.concatenate([s.versions for s in self.samples])
 
 
 class TrainBackend(Protocol):

@@ -26,11 +26,11 @@ from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse
 from areal_jobs.config import AlgoConfig, DataConfig, RolloutConfig
 from areal_jobs.data.prompts import PromptStream
 from areal_jobs.rollout.controller import RolloutController
-from areal_jobs.rollout.discovery import free_ports
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.transport import codec
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.channels import ControllerChannel, TrainerChannel
+from areal_jobs.transport.discovery import free_ports
 from bench.harness import InstantScorer
 
 ANSWER_TOKENS = 16

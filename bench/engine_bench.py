@@ -30,11 +30,11 @@ from areal_jobs.api import GenerateRequest, TensorSpec, WeightSender
 from areal_jobs.config import DataConfig, ModelConfig, PauseMode, RolloutConfig, RolloutEngine
 from areal_jobs.data.prompts import eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
-from areal_jobs.rollout.discovery import free_port
 from areal_jobs.rollout.engines import make_client
 from areal_jobs.rollout.server import start_server
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
+from areal_jobs.transport.discovery import free_port
 from areal_jobs.weights.broadcast import WeightBroadcastGroup
 from areal_jobs.weights.buckets import plan_buckets
 from bench.harness import bench_model, model_weights

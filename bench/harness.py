@@ -24,12 +24,12 @@ from areal_jobs.api import RewardResult, TensorSpec, WeightSender
 from areal_jobs.config import AlgoConfig, DataConfig, ModelConfig, PauseMode, RolloutConfig
 from areal_jobs.data.prompts import PromptStream
 from areal_jobs.rollout.controller import RolloutController
-from areal_jobs.rollout.discovery import free_port
 from areal_jobs.rollout.server import ServerProcess, start_server
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.sglang_client import ServerCallError, SGLangClient
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
 from areal_jobs.transport import messages as m
+from areal_jobs.transport.discovery import free_port
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from areal_jobs.data import arith_task
-from areal_jobs.trainer.packing import balanced_microbatches, imbalance, naive_microbatches, pack
+from areal_jobs.data.packing import balanced_microbatches, imbalance, naive_microbatches, pack
 
 
 def task_steps(num_steps: int, per_step: int = 64) -> list[list[int]]:

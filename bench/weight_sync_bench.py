@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from areal_jobs.api import BucketSpec, TensorSpec
-from areal_jobs.rollout.discovery import free_port
+from areal_jobs.transport.discovery import free_port
 
 GIB = 1 << 30
 

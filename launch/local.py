@@ -56,7 +56,7 @@ class Role:
 def prepare_run_dir(run_dir: Path, resume: bool) -> bool:
     """Returns True when resuming. A finished run (or any run, with checkpoint.resume=false) under
     the same name is moved aside, never deleted, so nothing is lost."""
-    from areal_jobs.trainer.checkpoint import latest_checkpoint
+    from areal_jobs.checkpoint import latest_checkpoint
 
     finished = (run_dir / "summary.json").exists()
     if run_dir.exists() and any(run_dir.iterdir()) and (finished or not resume):
@@ -103,7 +103,7 @@ def start_trainers(cfg: JobConfig, config: Path, env: dict[str, str], logs: Path
     t = cfg.trainer
     if t.backend is not TrainerBackend.megatron:
         return [start_role("trainer", "areal_jobs.trainer.main", config, env, logs / "trainer.log")]
-    from areal_jobs.rollout.discovery import free_port
+    from areal_jobs.transport.discovery import free_port
 
     world, port = t.tp_size * t.pp_size * t.dp_size, free_port("127.0.0.1")
     roles = []

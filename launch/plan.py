@@ -5,10 +5,9 @@ of rollout servers (one per `rollout.tp_size` GPUs); group 1 gets the rest: one 
 (Megatron TP x PP x DP, DP derived) plus the rollout controller on its first node. Every layout
 that cannot run raises ValueError naming the override to change.
 
-`cluster.rollout_fraction=auto`: `plan_job` first asks the simulator (launch/plan_allocation.py,
-the one step here that reads a file: the profile conf/sim/<cluster.allocation_profile>.yaml) for the
-split with the highest throughput among layouts this planner accepts; `apply_plan` writes the
-chosen number into the config the roles read.
+`cluster.rollout_fraction=auto` is resolved before planning, by the simulator one layer up
+(launch/plan_allocation.py `resolve_auto_fraction`: the split with the highest throughput among the
+layouts this planner accepts); `apply_plan` writes the chosen number into the config the roles read.
 
 Worked example (conf/experiment/math_qwen2_1p5b.yaml): 64 nodes x 8 GPUs, fraction 0.75, rollout
 TP 1, trainer TP 1 x PP 1 -> 48 rollout nodes (384 GPUs, 384 servers) + 16 trainer nodes
@@ -18,7 +17,6 @@ TP 1, trainer TP 1 x PP 1 -> 48 rollout nodes (384 GPUs, 384 servers) + 16 train
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from dataclasses import dataclass
 
@@ -31,8 +29,6 @@ from areal_jobs.config import (
     TrainerConfig,
     WeightSyncConfig,
 )
-
-logger = logging.getLogger(__name__)
 
 # Ports used when the config leaves them at 0 ("any free port" only works on one machine).
 DEFAULT_SERVER_BASE_PORT = 30000
@@ -220,15 +216,11 @@ def plan_allocation(
 
 
 def plan_job(job: JobConfig) -> AllocationPlan:
+    """The plan for a fixed `cluster.rollout_fraction` (`auto` is resolved first by
+    launch.plan_allocation.resolve_auto_fraction, which asks this planner which splits are valid)."""
     if job.cluster.rollout_fraction_auto:
-        from launch.plan_allocation import resolve_rollout_fraction
-
-        fraction, choice = resolve_rollout_fraction(job)
-        logger.info(
-            "cluster.rollout_fraction=auto: %s", choice.explain(job.cluster.nodes).rsplit("\n", 1)[-1]
-        )
-        job = dataclasses.replace(
-            job, cluster=dataclasses.replace(job.cluster, rollout_fraction=repr(fraction))
+        raise ValueError(
+            "cluster.rollout_fraction=auto: resolve it first (launch.plan_allocation.resolve_auto_fraction)"
         )
     return plan_allocation(
         cluster=job.cluster,

@@ -9,7 +9,7 @@ profile and the split with the highest trained tokens/s wins. The 75% split is a
 and wins ties, so the choice never loses to it in the simulator. Search: a coarse grid of
 sixteenths, then single-node steps uphill from the best one.
 
-With `cluster.rollout_fraction=auto`, launch.plan asks `resolve_rollout_fraction(job)`: the profile
+With `cluster.rollout_fraction=auto`, launch.submit calls `resolve_auto_fraction(job)`: the profile
 `cluster.allocation_profile` supplies the hardware speeds and the length distribution, the job
 supplies the cluster size and algo/rollout settings, and only layouts launch.plan accepts compete.
 """
@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from areal_jobs.config import JobConfig
+from launch.plan import plan_job
 from launch.sim.engine import SimResult, run_async
 from launch.sim.profile import SimProfile, load_profile
+
+logger = logging.getLogger(__name__)
 
 BASELINE_FRACTION = 0.75
 COARSE_STEPS = 16
@@ -144,7 +150,7 @@ def _nodes_of(nodes: int, fraction: float) -> int:
     return min(nodes - 1, max(1, int(nodes * fraction + 1e-9)))
 
 
-def profile_for_job(job, profile_name: str) -> SimProfile:
+def profile_for_job(job: JobConfig, profile_name: str) -> SimProfile:
     """The named profile's speeds and lengths, with the job's cluster size and algo/rollout settings."""
     p = load_profile(profile_name)
     p.cluster.nodes = job.cluster.nodes
@@ -160,11 +166,8 @@ def profile_for_job(job, profile_name: str) -> SimProfile:
     return p
 
 
-def resolve_rollout_fraction(job) -> tuple[float, AllocationChoice]:
+def resolve_rollout_fraction(job: JobConfig) -> tuple[float, AllocationChoice]:
     """The fraction for `cluster.rollout_fraction=auto`, among layouts launch.plan accepts."""
-    import dataclasses
-
-    from launch.plan import plan_job
 
     def valid(rollout_nodes: int) -> bool:
         cluster = dataclasses.replace(job.cluster, rollout_fraction=str(rollout_nodes / job.cluster.nodes))
@@ -176,6 +179,16 @@ def resolve_rollout_fraction(job) -> tuple[float, AllocationChoice]:
 
     choice = choose_rollout_fraction(profile_for_job(job, job.cluster.allocation_profile), valid)
     return choice.best.fraction, choice
+
+
+def resolve_auto_fraction(job: JobConfig) -> JobConfig:
+    """`job` with `cluster.rollout_fraction=auto` replaced by the simulator's choice (logged with
+    its reason); any other job unchanged. Call it before launch.plan.plan_job."""
+    if not job.cluster.rollout_fraction_auto:
+        return job
+    fraction, choice = resolve_rollout_fraction(job)
+    logger.info("cluster.rollout_fraction=auto: %s", choice.explain(job.cluster.nodes).rsplit("\n", 1)[-1])
+    return dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, rollout_fraction=repr(fraction)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from areal_jobs.config import (
     to_job_config,
 )
 from launch.plan import AllocationPlan, apply_plan, plan_job
+from launch.plan_allocation import resolve_auto_fraction
 from launch.render import render_sbatch, run_dir_of
 from launch.slurm import Slurm, SlurmCli, SlurmError
 
@@ -67,7 +68,7 @@ def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> 
         run=dataclasses.replace(job.run, name=name, root=_under(cluster.workdir, job.run.root)),
         model=dataclasses.replace(job.model, builtin_dir=_under(cluster.workdir, job.model.builtin_dir)),
     )
-    plan = plan_job(job)
+    plan = plan_job(resolve_auto_fraction(job))
     job = apply_plan(job, plan)
     return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan))
 

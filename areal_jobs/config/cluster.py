@@ -78,10 +78,10 @@ class ClusterConfig:
 
     @property
     def rollout_share(self) -> float:
-        """The numeric rollout fraction; `auto` must have been resolved (launch.plan does it)."""
+        """The numeric rollout fraction; `auto` must have been resolved (launch.plan_allocation does it)."""
         if self.rollout_fraction_auto:
             raise ValueError(
-                "cluster.rollout_fraction=auto is resolved by launch.plan.plan_job, not read directly"
+                "cluster.rollout_fraction=auto is resolved by launch.plan_allocation.resolve_auto_fraction, not read directly"
             )
         return float(self.rollout_fraction)
 

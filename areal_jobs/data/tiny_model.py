@@ -194,7 +194,7 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
     import torch
     from tqdm import tqdm
 
-    from areal_jobs.trainer.packing import balanced_microbatches, pack
+    from areal_jobs.data.packing import balanced_microbatches, pack
 
     warmup = max(1, recipe.sft_decay_steps // 10)
 

@@ -23,11 +23,11 @@ import numpy as np
 from areal_jobs.api import FinishReason, GenerateRequest, RewardRequest, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
+from areal_jobs.data.staleness import StalenessManager
 from areal_jobs.rollout.engine_http import ServerCallError
 from areal_jobs.rollout.server_pool import NoServerAvailable, ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
 from areal_jobs.rollout.snapshot import PartialSample as SampleState
-from areal_jobs.rollout.staleness import StalenessManager
 from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)

@@ -17,18 +17,18 @@ import signal
 import sys
 from pathlib import Path
 
+from areal_jobs.checkpoint import latest_checkpoint
 from areal_jobs.config import JobConfig, load_job_config
 from areal_jobs.data.prompts import PromptStream, eval_prompts, load_rows
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.logs import setup_logging
-from areal_jobs.rollout import discovery
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.engines import make_client as engine_client
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.service import ControllerService
 from areal_jobs.rollout.snapshot import load_snapshot
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
-from areal_jobs.trainer.checkpoint import latest_checkpoint
+from areal_jobs.transport import discovery
 from areal_jobs.transport.channels import ControllerChannel
 
 logger = logging.getLogger("areal_jobs.rollout.main")

@@ -28,8 +28,8 @@ import requests
 
 from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config
 from areal_jobs.logs import setup_logging
-from areal_jobs.rollout import discovery
 from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
+from areal_jobs.transport import discovery
 
 logger = logging.getLogger("areal_jobs.rollout.server")  # not __name__: "__main__" under -m
 

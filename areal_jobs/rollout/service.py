@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from areal_jobs.rollout.controller import RolloutController
-from areal_jobs.rollout.discovery import ServerRecord
 from areal_jobs.rollout.evaluation import EvalSummary, evaluate
 from areal_jobs.rollout.snapshot import ControllerSnapshot, save_snapshot
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator, run_stage
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.channels import ControllerChannel
+from areal_jobs.transport.discovery import ServerRecord
 
 logger = logging.getLogger(__name__)
 

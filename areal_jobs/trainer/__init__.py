@@ -1,4 +1,4 @@
-"""Trainer: batch assembly, advantages, the decoupled PPO loss, packing, and the two backends
-(plain torch with a Hugging Face model class; Megatron-Core with TP/PP/DP).
-Pure maths modules here import no GPU stack; backend modules stay thin.
+"""Trainer: batch assembly, advantages, the decoupled PPO loss, the backends (plain torch with a
+Hugging Face model class; Megatron-Core with TP/PP/DP), the ranks' command channel and rank 0's
+weight-update handshake with the controller. Pure maths modules here import no GPU stack.
 """

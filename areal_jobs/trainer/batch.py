@@ -6,47 +6,13 @@ Per sample: input_ids [L] = prompt [p] + output [n]; behav_logprobs and versions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
+from areal_jobs.api import TrainBatch, TrainSample
 from areal_jobs.config import AlgoConfig
-from areal_jobs.rollout.staleness import is_fresh
+from areal_jobs.data.staleness import is_fresh
 from areal_jobs.trainer.advantages import group_advantages, is_uniform
 from areal_jobs.transport.messages import TrajectoryGroup
-
-
-@dataclass(frozen=True)
-class TrainSample:
-    sample_id: str
-    input_ids: np.ndarray  # int64 [p + n]
-    num_prompt_tokens: int  # p
-    behav_logprobs: np.ndarray  # float32 [n]
-    versions: np.ndarray  # int32 [n]
-    advantage: float
-    reward: float
-
-    @property
-    def num_output_tokens(self) -> int:
-        return int(self.behav_logprobs.shape[0])
-
-
-@dataclass
-class TrainBatch:
-    version: int  # trainer policy version the batch is trained at (produces version + 1)
-    samples: list[TrainSample]
-    group_ids: list[str]
-    filtered_group_ids: list[str] = field(default_factory=list)  # uniform rewards, no signal
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(s.num_output_tokens for s in self.samples)
-
-    def staleness(self) -> np.ndarray:
-        """Per trained token: versions behind the trainer. int32 [sum n]."""
-        if not self.samples:
-            return np.zeros(0, dtype=np.int32)
-        return self.version - np.concatenate([s.versions for s in self.samples])
 
 
 def split_fresh(

@@ -23,8 +23,8 @@ from areal_jobs.config import AlgoConfig
 from areal_jobs.metrics import MetricsSink
 from areal_jobs.trainer.batch import TrainBatch, assemble, split_fresh
 from areal_jobs.trainer.inbox import Inbox
+from areal_jobs.trainer.publisher import WeightPublisher
 from areal_jobs.transport import messages as m
-from areal_jobs.weights.publisher import WeightPublisher
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from areal_jobs.transport import messages as m
 
 if TYPE_CHECKING:
     from areal_jobs.trainer.batch import TrainBatch
-    from areal_jobs.weights.publisher import StageSender
+    from areal_jobs.weights.sender import StageSender
 
 logger = logging.getLogger(__name__)
 

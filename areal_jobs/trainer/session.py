@@ -1,4 +1,4 @@
-"""Trainer rank 0's session with the rollout controller: connect, resume, checkpoint, summarise.
+"""Trainer rank 0's session with the rollout controller: connect, resume, checkpoint, stop, finish.
 
 The pieces of `trainer/main.py` that talk to the controller or the run directory, so that the
 driver reads like the algorithm. Every wait is bounded and names what it waited for.
@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
+from areal_jobs import checkpoint as ckpt
+from areal_jobs.api import TrainBackend
 from areal_jobs.config import JobConfig
-from areal_jobs.rollout import discovery
-from areal_jobs.trainer import checkpoint as ckpt
+from areal_jobs.metrics import build_sink
+from areal_jobs.report import final_line, plot_run, write_summary
 from areal_jobs.trainer.inbox import Inbox
 from areal_jobs.trainer.loop import TrainLoop
+from areal_jobs.trainer.publisher import WeightPublisher
+from areal_jobs.transport import discovery
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.channels import TrainerChannel
 
@@ -32,6 +37,27 @@ def connect(cfg: JobConfig, run_dir: Path, token: str) -> Inbox:
     return Inbox(TrainerChannel(host, ports[0], ports[1], token).connect())
 
 
+def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox, publisher: WeightPublisher,
+              preempt: threading.Event) -> tuple[TrainLoop, bool]:  # fmt: skip
+    """The TrainLoop, resumed from RUN_DIR/checkpoints/latest when there is one (then True), after
+    the hello exchange with the controller."""
+    latest = ckpt.latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    if latest is not None:  # before the sink opens metrics.jsonl: rows past the checkpoint go
+        ckpt.truncate_jsonl(run_dir / "metrics.jsonl", ckpt.read_meta(latest)["step"])
+    sink = build_sink(run_dir, cfg.run.tensorboard)
+    loop = TrainLoop(
+        cfg.algo, backend, inbox, publisher, sink, run_dir / "ledger.jsonl", cfg.trainer.batch_wait_timeout_s
+    )
+    loop.preempt = preempt
+    if latest is not None:
+        restore(run_dir, latest, loop, inbox)
+    inbox.channel.send(m.TrainerHello(version=loop.version, step=loop.step, resumed=latest is not None))
+    inbox.wait_for(m.ControllerHello, cfg.weight_sync.step_timeout_s * 5, "saying hello to the controller")
+    if latest is not None:  # the servers restarted with the base model: give them this version first
+        publisher.publish(loop.version, backend, trained=())
+    return loop, latest is not None
+
+
 def restore(run_dir: Path, latest: Path, loop: TrainLoop, inbox: Inbox) -> None:
     """Model, optimiser and loop counters from `latest` (collective: every rank loads)."""
     meta = ckpt.read_meta(latest)
@@ -45,8 +71,15 @@ def restore(run_dir: Path, latest: Path, loop: TrainLoop, inbox: Inbox) -> None:
     )  # fmt: skip
 
 
-def save_checkpoint(run_dir: Path, loop: TrainLoop, inbox: Inbox, keep_last: int, timeout_s: float) -> None:
+def checkpoint_due(cfg: JobConfig, step: int) -> bool:
+    """Every checkpoint.every_steps, except at the last step (the final outputs follow it)."""
+    every = cfg.checkpoint.every_steps
+    return bool(every) and step % every == 0 and step < cfg.trainer.total_steps
+
+
+def save_checkpoint(cfg: JobConfig, run_dir: Path, loop: TrainLoop) -> None:
     """Both halves of a consistent cut at step `loop.step`; generation keeps running meanwhile."""
+    inbox, timeout_s = loop.inbox, cfg.weight_sync.step_timeout_s
     t0 = time.monotonic()
     folder = ckpt.step_dir(run_dir, loop.step)
     inbox.channel.send(
@@ -55,11 +88,43 @@ def save_checkpoint(run_dir: Path, loop: TrainLoop, inbox: Inbox, keep_last: int
     loop.backend.save_checkpoint(str(folder / "trainer"))
     saved = inbox.wait_for(m.CheckpointSaved, timeout_s, f"the controller saving checkpoint step {loop.step}")
     evals = [_eval_row(e) for e in inbox.all_evals]
-    ckpt.commit(run_dir, folder, {**loop.state_dict(), "evals": evals}, keep_last)
+    ckpt.commit(run_dir, folder, {**loop.state_dict(), "evals": evals}, cfg.checkpoint.keep_last)
     logger.info(
         "checkpoint saved at step %d in %.1fs (%d untrained groups, %d partial samples)",
         loop.step, time.monotonic() - t0, saved.num_groups, saved.num_partial_samples,
     )  # fmt: skip
+
+
+def stop_preempted(cfg: JobConfig, run_dir: Path, loop: TrainLoop, checkpointed: bool) -> None:
+    """SIGUSR1/SIGTERM: a checkpoint at the last finished step (unless the periodic one is that
+    step), then the controller stops without a final evaluation; SLURM requeues the job."""
+    logger.info("preempted after step %d: checkpointing", loop.step)
+    timeout_s = cfg.weight_sync.step_timeout_s
+    if checkpointed:
+        logger.info("checkpoint saved at step %d (periodic)", loop.step)
+    else:
+        save_checkpoint(cfg, run_dir, loop)
+    loop.inbox.channel.send(m.Stop(reason="preempted", final_eval=False))
+    loop.inbox.wait_for(m.Stopped, timeout_s, "the controller stopping after preemption")
+    loop.inbox.channel.close()
+
+
+def finish(cfg: JobConfig, run_dir: Path, loop: TrainLoop, resumed: bool, t_start: float) -> dict:
+    """trainer.total_steps reached: the controller's final evaluation, the final Hugging Face
+    checkpoint, summary.json, the reward/accuracy PNG and the one-line result."""
+    inbox = loop.inbox
+    inbox.channel.send(m.Stop(reason="trainer.total_steps reached"))
+    stopped = inbox.wait_for(m.Stopped, cfg.rollout.request_timeout_s + 600, "the final evaluation")
+    loop.log_evals()
+    loop.backend.save_hf(str(run_dir / "final_hf"))
+    loop.sink.close()
+    loop.publisher.close()
+    inbox.channel.close()
+    result = summary(cfg, run_dir, loop, inbox, stopped, resumed, t_start)
+    write_summary(run_dir, result)
+    plot_run(run_dir)
+    logger.info(final_line(result))
+    return result
 
 
 def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stopped: m.Stopped,

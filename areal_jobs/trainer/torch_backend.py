@@ -23,9 +23,9 @@ import torch
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.data.packing import balanced_microbatches, pack
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.loss import LossStats, decoupled_ppo_loss
-from areal_jobs.trainer.packing import balanced_microbatches, pack
 
 logger = logging.getLogger(__name__)
 

@@ -1,3 +1,3 @@
-"""Weights: bucketing of named tensors, the broadcast group between trainer rank 0 and every
-rollout server rank (NCCL on GPUs, gloo on CPU), and the safetensors disk fallback.
+"""Weights: bucketing of named tensors, the broadcast group between a trainer stage's sender and
+every rollout server rank (NCCL on GPUs, gloo on CPU), and each trainer rank's part in it.
 """

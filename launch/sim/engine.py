@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from areal_jobs.rollout.staleness import StalenessManager
+from areal_jobs.data.packing import balanced_microbatches
+from areal_jobs.data.staleness import StalenessManager
 from areal_jobs.trainer.batch import split_fresh
-from areal_jobs.trainer.packing import balanced_microbatches
 from launch.sim.farm import ServerFarm
 from launch.sim.profile import LengthModel, SimProfile, TrainerSpeed
 

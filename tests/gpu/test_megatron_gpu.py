@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "megatron"))
 from harness import (  # noqa: E402 - the shared Megatron test harness lives beside the CPU tests
@@ -32,8 +33,6 @@ from harness import (  # noqa: E402 - the shared Megatron test harness lives bes
     torch_backend_step,
     trainer_config,
 )
-
-torch = pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.gpu,

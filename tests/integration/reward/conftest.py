@@ -47,16 +47,14 @@ class Scorer:
 @contextlib.contextmanager
 def running_scorer(cfg: RewardConfig) -> Iterator[Scorer]:
     """A started RewardService on a fresh event loop; closed on exit."""
-    loop = asyncio.new_event_loop()
+    loop = asyncio.new_event_loop()  # driven by run_until_complete: never made the thread's current loop
     service = RewardService(cfg)
     try:
-        asyncio.set_event_loop(loop)
         service.start()
         yield Scorer(service, loop)
     finally:
         service.close()
         loop.close()
-        asyncio.set_event_loop(None)
 
 
 @pytest.fixture(scope="session")

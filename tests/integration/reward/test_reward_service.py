@@ -4,7 +4,6 @@ call timeouts, worker crashes, cancellation, and the registry contract through t
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import signal
@@ -149,8 +148,6 @@ def test_call_past_timeout_is_counted_and_its_worker_replaced(scorer_factory, sm
 
 
 def test_arith_contract_through_the_pool(scorer) -> None:
-    if importlib.util.find_spec("areal_jobs.data.arith_task") is None:
-        pytest.skip("areal_jobs.data.arith_task is not written yet (the built-in task ships separately)")
     results = scorer.score(
         [RewardRequest("arith", "The answer is 7.", "7"), RewardRequest("arith", "?", "7")]
     )

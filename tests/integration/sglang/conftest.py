@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from areal_jobs.config import ModelConfig, RolloutConfig
-from areal_jobs.rollout.discovery import free_port
 from areal_jobs.rollout.server import ServerProcess, start_server
+from areal_jobs.transport.discovery import free_port
 
 
 @pytest.fixture(scope="session")
 def sglang_server(tiny_model_dir: Path, tmp_path_factory) -> ServerProcess:
-    pytest.importorskip("sglang", reason="SGLang is installed by `make install`")
     log = tmp_path_factory.mktemp("sglang") / "server.log"
     rollout = RolloutConfig(max_total_tokens=8192)
     server = start_server(

@@ -3,8 +3,12 @@
 The daemons are Popen children of pytest with ports from the OS and every file under a tmp dir,
 so parallel sessions do not collide and nothing is written elsewhere. Jobs are cancelled and
 drained before `scontrol shutdown` (a shutdown alone leaves running slurmstepd behind), and the
-teardown fails the session if any process started under this cluster's SLURM_CONF survives.
-Skips cleanly where slurmctld is not installed (.ci/run installs it).
+teardown fails the session if any process the cluster started survives: its daemons and their
+helpers (marked by an environment variable only they carry) and the processes of its jobs (this
+cluster's SLURM_CONF plus the SLURM_JOB_ID that slurmstepd gives them). Nothing else in the session
+is looked at, and the session's own environment is never changed: only a test that asks for
+`slurm_cluster` sees SLURM_CONF and the sacct shim on PATH, for its own duration.
+Fails, naming the command that installs it, where SLURM is missing (`make test` installs it).
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from areal_jobs.rollout import discovery
+from areal_jobs.transport import discovery
 
 NUM_NODES = 4
 GPUS_PER_NODE = 8
 _DAEMONS = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel")
+_DAEMON_MARK = "AREAL_TEST_SLURM_DAEMONS"  # in the daemons' environment only, inherited by their helpers
 
 # submitit asks sacct for job states; without accounting, answer from the controller's memory.
 _SACCT_SHIM = """#!/bin/sh
@@ -87,7 +92,7 @@ class LocalSlurm:
         while True:
             pids = [
                 pid
-                for pid in _processes_of(self.root / "etc/slurm.conf")
+                for pid in _processes_of(self.root)
                 if pid not in daemons and _comm(pid) != "slurmscriptd"  # slurmctld's own helper
             ]
             if not pids or time.monotonic() > deadline:
@@ -150,20 +155,25 @@ def _write_config(root: Path) -> Path:
     return conf
 
 
-def _processes_of(conf: Path) -> list[int]:
-    """Pids (other than ours) whose environment names this cluster's SLURM_CONF."""
-    marker = f"SLURM_CONF={conf}".encode()
+def _processes_of(root: Path) -> list[int]:
+    """Live pids the cluster rooted at `root` started: its daemons and their helpers (slurmscriptd,
+    slurmstepd) carry _DAEMON_MARK; job processes carry its SLURM_CONF and a SLURM_JOB_ID. A process
+    of the test session that happens to inherit SLURM_CONF (a client command, multiprocessing's
+    resource tracker) has no job id and is not the cluster's to answer for."""
+    daemon_mark = f"{_DAEMON_MARK}={root}".encode()
+    conf_mark = f"SLURM_CONF={root / 'etc/slurm.conf'}".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if stat[0] != "Z":  # zombies are reaped late by PID 1 here: harmless
-                    pids.append(int(entry.name))
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
+        in_job = conf_mark in environ and any(var.startswith(b"SLURM_JOB_ID=") for var in environ)
+        if (daemon_mark in environ or in_job) and stat[0] != "Z":  # zombies are reaped late by PID 1 here
+            pids.append(int(entry.name))
     return pids
 
 
@@ -195,17 +205,25 @@ def _drain(cluster: LocalSlurm) -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
-    missing = [tool for tool in _DAEMONS if shutil.which(tool) is None]
+def slurm_cluster_session(tmp_path_factory: pytest.TempPathFactory):
+    """The cluster, started once per session; its environment lives in `env`, never in os.environ."""
+    search = f"{os.environ['PATH']}:/usr/sbin:/sbin"  # the daemons live in sbin, off a user's PATH
+    missing = [tool for tool in _DAEMONS if shutil.which(tool, path=search) is None]
     if missing:
-        pytest.skip(f"SLURM not installed (missing {', '.join(missing)}); .ci/run installs it with apt")
+        pytest.fail(
+            f"SLURM is not installed (missing {', '.join(missing)}): `make system-packages` installs the "
+            "packages of requirements/apt.txt as root, or prints the apt-get command to run"
+        )
     root = tmp_path_factory.mktemp("slurm")
     conf = _write_config(root)
-    env = dict(os.environ, SLURM_CONF=str(conf), PATH=f"{root}/bin:{os.environ['PATH']}")
-    daemon_io = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    env = dict(os.environ, SLURM_CONF=str(conf), PATH=f"{root}/bin:{search}")
+    daemon_io = {
+        "stdout": subprocess.DEVNULL,
+        "stderr": subprocess.DEVNULL,
+        "env": {**env, _DAEMON_MARK: str(root)},
+    }
     procs = [subprocess.Popen(["slurmctld", "-D", "-i"], **daemon_io)]
     cluster = LocalSlurm(root=root, env=env, daemons=procs)
-    saved = {key: os.environ.get(key) for key in ("SLURM_CONF", "PATH")}
     try:
         _wait_for(["scontrol", "ping"], env, "slurmctld")
         procs += [
@@ -213,14 +231,8 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
         ]
         idle = f'[ "$(sinfo -h -t idle -o %D)" = {NUM_NODES} ]'
         _wait_for(["bash", "-c", idle], env, f"{NUM_NODES} idle slurmd")
-        os.environ.update(SLURM_CONF=env["SLURM_CONF"], PATH=env["PATH"])
         yield cluster
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         _drain(cluster)
         cluster.run("scontrol", "shutdown", check=False)
         for proc in procs:
@@ -229,11 +241,20 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        leftovers = _processes_of(conf)
+        leftovers = _processes_of(root)
         described = [_describe(pid) for pid in leftovers]
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
         assert not leftovers, f"processes of the test cluster survived shutdown: {described}"
+
+
+@pytest.fixture
+def slurm_cluster(slurm_cluster_session: LocalSlurm, monkeypatch: pytest.MonkeyPatch) -> LocalSlurm:
+    """The session's cluster, with SLURM_CONF and PATH set for this test only: clients called in
+    process (submitit in launch/aux_jobs.py) find it; other tests never see it."""
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster_session.env["SLURM_CONF"])
+    monkeypatch.setenv("PATH", slurm_cluster_session.env["PATH"])
+    return slurm_cluster_session
 
 
 def local_port_overrides(num_servers: int) -> list[str]:

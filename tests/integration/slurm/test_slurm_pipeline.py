@@ -100,7 +100,10 @@ def test_usr1_checkpoints_and_the_requeued_job_resumes(slurm_cluster: LocalSlurm
       `checkpoint saved at step N`, and exits 0; the controller saves its state and exits 0;
     - the next attempt (same run dir and config) logs `resumed from checkpoint at step N` and
       trains steps N+1..total_steps; summary.json `steps` is total_steps."""
-    total_steps = 6
+    # Room for fast steps: USR1 goes scancel -> batch shell -> srun -> trainer, and a step of this
+    # tiny job can be quicker than that on a loaded machine (6 steps were all done once, checkpoint
+    # at step 6, so the resume trained nothing).
+    total_steps = 12
     job_id = make_submit(slurm_cluster, lean_overrides(tmp_path, "tiny-preempt", total_steps))
     run_dir = tmp_path / "runs" / "tiny-preempt"
     deadline = time.monotonic() + JOB_TIMEOUT_S

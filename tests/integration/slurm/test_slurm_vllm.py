@@ -25,7 +25,7 @@ JOB_TIMEOUT_S = 1200
 
 def test_vllm_experiment_completes_as_a_het_job(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     if not VENV_PYTHON.exists():
-        pytest.skip(f"{VENV_PYTHON} is missing: `make vllm-venv` installs vLLM (make test does)")
+        pytest.fail(f"{VENV_PYTHON} is missing: run `make vllm-venv` (make test does)")
     total_steps = 3
     overrides = lean_overrides(tmp_path, "tiny-slurm-vllm", total_steps)
     overrides = [o for o in overrides if not o.startswith("rollout.base_port=")]

@@ -8,10 +8,10 @@ import asyncio
 import numpy as np
 import zmq
 
-from areal_jobs.rollout.discovery import free_ports
 from areal_jobs.transport import codec
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.channels import ControllerChannel, TrainerChannel
+from areal_jobs.transport.discovery import free_ports
 
 TOKEN = "the-job-token"
 

@@ -28,7 +28,7 @@ LONG_RUN = 500  # stopped by SIGUSR1 once the restarted server took part in two 
 
 def test_vllm_run_survives_a_killed_server_and_respects_eta(tmp_path, tiny_model_dir, record_property):
     if not VENV_PYTHON.exists():
-        pytest.skip(f"{VENV_PYTHON} is missing: `make vllm-venv` installs vLLM (make test does)")
+        pytest.fail(f"{VENV_PYTHON} is missing: run `make vllm-venv` (make test does)")
     run_dir = tmp_path / "vllm-chaos"
     proc = start_local(
         tmp_path, tiny_model_dir, "vllm-chaos",

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+from vllm_harness import Broadcaster, client_for
 
 from areal_jobs.api import GenerateRequest, RewardResult
 from areal_jobs.config import AlgoConfig, DataConfig, DType, PauseMode, RolloutConfig, TrainerConfig
@@ -22,8 +23,6 @@ from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.trainer.batch import TrainSample
 from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
-
-from .harness import Broadcaster, client_for
 
 pytestmark = pytest.mark.vllm
 

@@ -9,9 +9,8 @@ import asyncio
 
 import pytest
 import torch
-
-from .conftest import start_vllm
-from .test_vllm_rollout import assert_greedy_equal, perturbed, prompts, publish, trainer
+from test_vllm_rollout import assert_greedy_equal, perturbed, prompts, publish, trainer
+from vllm_harness import start_vllm
 
 pytestmark = pytest.mark.vllm
 

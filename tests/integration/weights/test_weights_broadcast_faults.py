@@ -11,18 +11,19 @@ import pytest
 import torch
 
 from areal_jobs.api import BucketSpec, TensorSpec
-from areal_jobs.rollout.discovery import free_port
+from areal_jobs.transport.discovery import free_port
 from areal_jobs.weights.broadcast import BroadcastTimeout, WeightBroadcastGroup
 
 GROUP = "fault-test"
 
 
-def _peer(port: int, behaviour: str, ready) -> None:
+def _peer(port: int, behaviour: str, joining, ready) -> None:
     """Joins as rank 1 like an SGLang server would, receives bucket 1, then dies or hangs."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, rendezvous
 
     torch.set_num_threads(1)
+    joining.set()  # imports done (seconds on a loaded machine): the 5 s group timeout starts after
     timeout = timedelta(seconds=60)
     store, rank, size = next(rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, timeout=timeout))
     group, _ = _new_process_group_helper(
@@ -42,10 +43,11 @@ def _peer(port: int, behaviour: str, ready) -> None:
 def test_broadcast_to_a_vanished_peer_fails_in_time_and_names_the_stage(behaviour):
     port = free_port()
     ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    peer = ctx.Process(target=_peer, args=(port, behaviour, ready), daemon=True)
+    joining, ready = ctx.Event(), ctx.Event()
+    peer = ctx.Process(target=_peer, args=(port, behaviour, joining, ready), daemon=True)
     peer.start()
     try:
+        assert joining.wait(120), "the peer process did not start"
         group = WeightBroadcastGroup(GROUP, "127.0.0.1", port, "gloo", timeout_s=5.0)
         group.init(world_size=2, generation=1)
         spec = BucketSpec(0, (TensorSpec("w", "float32", (16,)),))

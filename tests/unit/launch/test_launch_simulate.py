@@ -18,7 +18,7 @@ from areal_jobs.config import (
     TrainerConfig,
 )
 from launch.plan import apply_plan, plan_job
-from launch.plan_allocation import choose_rollout_fraction
+from launch.plan_allocation import choose_rollout_fraction, resolve_auto_fraction
 from launch.sim import engine
 from launch.sim.engine import run_async, run_sync
 from launch.sim.profile import PROFILE_DIR, RolloutSpeed, load_profile
@@ -139,7 +139,7 @@ def test_auto_fraction_is_resolved_by_the_planner_and_written_into_the_config(tm
         trainer=TrainerConfig(backend=TrainerBackend.megatron),
     )
     job = dataclasses.replace(job, algo=dataclasses.replace(job.algo, batch_size=64, group_size=8))
-    plan = plan_job(job)
+    plan = plan_job(resolve_auto_fraction(job))
     assert 0 < plan.rollout_fraction < 0.75
     assert plan.rollout_nodes == round(plan.rollout_fraction * 8)
     planned = apply_plan(copy.deepcopy(job), plan)

@@ -67,3 +67,32 @@ def test_cli_cancel_and_bad_job_id(monkeypatch, tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         slurm.main(["status", "JOB"])
     assert "make status JOB=1234" in capsys.readouterr().err
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_status_and_cancel_need_no_venv() -> None:
+    """`make status` / `make cancel` run launch/slurm.py with the system python and install nothing:
+    it imports the standard library only, and the make targets do not depend on `install`."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nimport launch.slurm\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'launch', '__main__'}))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+    for action in ("status", "cancel"):
+        dry = subprocess.run(
+            ["make", "-n", "--no-print-directory", action, "JOB=1", "VENV=/nonexistent"],
+            cwd=REPO, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert "pip_install" not in dry.stdout, dry.stdout
+        assert dry.stdout.splitlines()[-1].split() == ["python3", "-m", "launch.slurm", action, "1"], (
+            dry.stdout
+        )

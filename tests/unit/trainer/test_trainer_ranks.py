@@ -145,7 +145,8 @@ def _every_command(rank: int, tmp: str):
 
 def _gather(rank: int, tmp: str):
     channel = ranks.RankChannel.join(command_timeout_s=30.0)
-    from areal_jobs.weights.publisher import StageSender, gather_senders
+    from areal_jobs.trainer.publisher import gather_senders
+    from areal_jobs.weights.sender import StageSender
 
     first = WeightSender("areal-weights-s0", "127.0.0.1", 29700, SENDER.buckets)
     senders = gather_senders(channel, StageSender(None, first if rank == 0 else SENDER, None))

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from areal_jobs.rollout.staleness import StalenessManager, is_fresh
+from areal_jobs.data.staleness import StalenessManager, is_fresh
 
 
 def admit_all(mgr: StalenessManager, version: int) -> int:

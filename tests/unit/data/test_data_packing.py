@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from areal_jobs.trainer.packing import balanced_microbatches, imbalance, naive_microbatches, pack
+from areal_jobs.data.packing import balanced_microbatches, imbalance, naive_microbatches, pack
 
 
 def long_tail_lengths(n, seed):

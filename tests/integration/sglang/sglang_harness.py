@@ -13,10 +13,10 @@ import torch
 
 from areal_jobs.api import TensorSpec, WeightSender
 from areal_jobs.config import PauseMode
-from areal_jobs.rollout.discovery import free_port
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.sglang_client import SGLangClient
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
+from areal_jobs.transport.discovery import free_port
 from areal_jobs.weights.broadcast import WeightBroadcastGroup
 from areal_jobs.weights.buckets import plan_buckets
 

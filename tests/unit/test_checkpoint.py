@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from areal_jobs.trainer import checkpoint as ckpt
+from areal_jobs import checkpoint as ckpt
 
 
 def make(run_dir, step, commit=True):

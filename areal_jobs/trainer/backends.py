@@ -1,0 +1,43 @@
+"""Which train backend runs (`trainer.backend`), and the process group it needs: the one place
+that names them all, so the entry point stays free of `if backend == ...` branches."""
+
+from __future__ import annotations
+
+from areal_jobs.api import TrainBackend
+from areal_jobs.config import JobConfig, TrainerBackend
+from areal_jobs.trainer.ranks import RankChannel, command_timeout_s
+
+
+def join_ranks(cfg: JobConfig) -> RankChannel:
+    """Megatron: join the trainer's process group first, on every rank (before ZeroMQ or anything)."""
+    if cfg.trainer.backend is not TrainerBackend.megatron:
+        return RankChannel.single()
+    from areal_jobs.trainer.megatron_backend import init_distributed
+
+    init_distributed(cfg.trainer)
+    return RankChannel.join(command_timeout_s(cfg))
+
+
+def build_backend(cfg: JobConfig) -> TrainBackend:
+    """The backend object (not set up yet: `setup()` loads the model, collectively)."""
+    model_path = cfg.model.path or cfg.model.builtin_dir
+    if cfg.trainer.backend is TrainerBackend.megatron:
+        from areal_jobs.trainer.megatron_backend import MegatronBackend
+
+        return MegatronBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
+    from areal_jobs.trainer.torch_backend import TorchBackend
+
+    return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
+
+
+def pipeline_stage(cfg: JobConfig, rank: int) -> int:
+    """Megatron's global rank order: tp fastest, then dp, then pp."""
+    return rank // (cfg.trainer.tp_size * cfg.trainer.dp_size)
+
+
+def leave_ranks(cfg: JobConfig) -> None:
+    """After a clean run: leave the process group `join_ranks` joined."""
+    if cfg.trainer.backend is TrainerBackend.megatron:
+        from areal_jobs.trainer.megatron_backend import shutdown_distributed
+
+        shutdown_distributed()
