@@ -88,6 +88,17 @@ def ensure_model(cfg: JobConfig) -> None:
     build_builtin_model(Path(cfg.model.builtin_dir), TinyRecipe(sft_steps=cfg.model.builtin_sft_steps))
 
 
+def print_first_prompt(cfg: JobConfig) -> None:
+    """Show exactly what the model gets (chat template, system prompt, instruction) before any
+    process starts: a wrong prompt is the most common reason a reward curve stays flat."""
+    from areal_jobs.data.prompts import describe_first_prompt, load_prompts
+    from areal_jobs.data.tokenizer import load_tokenizer
+
+    model_dir = cfg.model.path or cfg.model.builtin_dir
+    prompts = load_prompts(cfg.data, model_dir, load_tokenizer(model_dir).encode)
+    print(describe_first_prompt(prompts), flush=True)
+
+
 def start_role(name: str, module: str, config: Path, env: dict[str, str], log: Path, *extra: str) -> Role:
     with log.open("ab") as f:
         proc = subprocess.Popen(
@@ -142,6 +153,7 @@ def launch(cfg: JobConfig) -> int:
     if prepare_run_dir(run_dir, cfg.checkpoint.resume):
         logger.info("resuming %s from its last checkpoint", run_dir)
     ensure_model(cfg)
+    print_first_prompt(cfg)
     config_path = run_dir / "config.yaml"
     save_job_config(cfg, config_path)
     env = dict(

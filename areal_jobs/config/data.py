@@ -44,9 +44,21 @@ class DataConfig:
     num_eval_prompts: int = 256  # held-out prompts scored at start, every eval interval, and end
     max_prompt_tokens: int = 512  # longer prompts are skipped and counted (file and line reported)
     seed: int = 1  # prompt order; the same seed replays the same prompt sequence after resume
+    # how a row becomes the prompt (areal_jobs/data/chat.py): "auto" = the tokenizer's chat template
+    # with the generation prompt (raw text when it has none), "none" = raw text, or a .jinja file
+    chat_template: str = "auto"
+    system_prompt: str = ""  # a system turn (raw text: a leading paragraph); "" = none
+    instruction: str | None = None  # appended to the user turn; null = the dataset's default
+    prompt_key: str = ""  # row field with the question; "" = the dataset's (question, problem, prompt)
+    answer_key: str = ""  # row field with the reference; "" = the dataset's (answer, then solution)
+    prompt_template: str = ""  # str.format over the row's fields, e.g. "{problem}\n{choices}"
 
     def __post_init__(self) -> None:
         if self.dataset is not Dataset.arith and not self.train_path:
             raise ValueError(f"data.dataset={self.dataset.value} needs data.train_path=<file.jsonl>")
         if self.num_eval_prompts < 0:
             raise ValueError("data.num_eval_prompts must be >= 0")
+        if not self.chat_template:
+            raise ValueError("data.chat_template must be auto, none or a path to a Jinja template")
+        if self.prompt_template and self.prompt_key:
+            raise ValueError("set data.prompt_template or data.prompt_key, not both")

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 
 from areal_jobs.config import DataConfig, Dataset
 from areal_jobs.data import arith_task
+from areal_jobs.data.chat import PromptFormat
 
 logger = logging.getLogger(__name__)
 
 Encode = Callable[[str], list[int]]
+Render = Callable[[str], str]
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class Prompt:
 
 @dataclass
 class Row:
-    text: str
+    text: str  # the rendered prompt, exactly as tokenized and sent
     reference: str
 
 
@@ -53,28 +55,26 @@ REWARD_TASK = {
 }
 
 
-def _row_from_json(dataset: Dataset, obj: dict) -> Row:
-    if dataset is Dataset.gsm8k:
-        answer = obj["answer"]
-        if "####" not in answer:
-            raise ValueError("answer has no '#### <final answer>' line")
-        return Row(f"Question: {obj['question']}\nAnswer:", answer.split("####")[-1].strip())
-    if dataset is Dataset.math:
-        return Row(f"Problem: {obj['problem']}\nSolution:", str(obj.get("answer") or obj["solution"]))
-    if dataset is Dataset.humaneval:
+def _row_from_json(fmt: PromptFormat, obj: dict) -> Row:
+    if not isinstance(obj, dict):
+        raise TypeError(f"a row must be a JSON object, got {type(obj).__name__}")
+    if fmt.dataset is Dataset.humaneval:
         ref = {"prompt": obj["prompt"], "test": obj["test"], "entry_point": obj["entry_point"]}
-        return Row(obj["prompt"], json.dumps(ref))
-    if dataset is Dataset.code_stdio:
+        return Row(fmt.render_row(obj), json.dumps(ref))
+    if fmt.dataset is Dataset.code_stdio:
         tests = obj["tests"]
         if not isinstance(tests, list) or not tests:
             raise ValueError("'tests' must be a non-empty list of {input, output}")
-        return Row(obj["prompt"], json.dumps({"tests": tests}))
-    raise ValueError(f"{dataset} is not a file dataset")
+        return Row(fmt.render_row(obj), json.dumps({"tests": tests}))
+    if fmt.dataset is Dataset.arith:
+        raise ValueError("the built-in task has no file rows")
+    return Row(fmt.render_row(obj), fmt.reference(obj))
 
 
 def load_rows(
-    dataset: Dataset, path: str, encode: Encode, max_prompt_tokens: int
+    fmt: PromptFormat, path: str, encode: Encode, max_prompt_tokens: int
 ) -> tuple[list[Row], LoadReport]:
+    """Every usable row of a JSONL file, its prompt already rendered by `fmt` (what is sent)."""
     rows, report = [], LoadReport()
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -82,7 +82,7 @@ def load_rows(
                 continue
             report.num_rows += 1
             try:
-                row = _row_from_json(dataset, json.loads(line))
+                row = _row_from_json(fmt, json.loads(line))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 report.skipped.append(f"{path}:{lineno}: {type(exc).__name__}: {exc}")
                 continue
@@ -104,9 +104,12 @@ def load_rows(
 class PromptStream:
     """Deterministic prompts by position; `next()` advances, `position` is checkpointed."""
 
-    def __init__(self, cfg: DataConfig, encode: Encode, rows: list[Row] | None = None) -> None:
+    def __init__(
+        self, cfg: DataConfig, encode: Encode, rows: list[Row] | None = None, render: Render = str
+    ) -> None:
         self.cfg = cfg
         self.encode = encode
+        self.render = render  # the built-in task's text -> the prompt (PromptFormat.render)
         self.rows = rows
         self.position = 0
         self._epoch_orders: dict[int, list[int]] = {}
@@ -114,7 +117,7 @@ class PromptStream:
     def at(self, index: int) -> Prompt:
         if self.cfg.dataset is Dataset.arith:
             problem = arith_task.problem_at(self.cfg.seed, index)
-            return Prompt(index, self.encode(problem.prompt), "arith", str(problem.answer))
+            return Prompt(index, self.encode(self.render(problem.prompt)), "arith", str(problem.answer))
         assert self.rows, "file datasets need rows"
         epoch, offset = divmod(index, len(self.rows))
         if epoch not in self._epoch_orders:
@@ -130,13 +133,15 @@ class PromptStream:
         return prompt
 
 
-def eval_prompts(cfg: DataConfig, encode: Encode, rows: list[Row] | None = None) -> list[Prompt]:
+def eval_prompts(
+    cfg: DataConfig, encode: Encode, rows: list[Row] | None = None, render: Render = str
+) -> list[Prompt]:
     """The held-out set: generated from a disjoint seed (arith) or the eval file's first rows."""
     if cfg.dataset is Dataset.arith:
         out = []
         for i in range(cfg.num_eval_prompts):
             problem = arith_task.eval_problem_at(cfg.seed, i)
-            out.append(Prompt(-1 - i, encode(problem.prompt), "arith", str(problem.answer)))
+            out.append(Prompt(-1 - i, encode(render(problem.prompt)), "arith", str(problem.answer)))
         return out
     if not rows:
         return []
@@ -144,3 +149,42 @@ def eval_prompts(cfg: DataConfig, encode: Encode, rows: list[Row] | None = None)
         Prompt(-1 - i, encode(row.text), REWARD_TASK[cfg.dataset], row.reference)
         for i, row in enumerate(rows[: cfg.num_eval_prompts])
     ]
+
+
+@dataclass
+class PromptSet:
+    """Everything a process needs to prompt the policy, built by `load_prompts`."""
+
+    format: PromptFormat
+    stream: PromptStream  # training prompts by position
+    held_out: list[Prompt]  # scored at start, every eval interval and at the end
+    first_prompt: str  # the resolved text of the first training prompt (printed at start-up)
+
+
+def load_prompts(data: DataConfig, model_dir: str, encode: Encode) -> PromptSet:
+    """The one place prompts are built (training, periodic evaluation, launch.evaluate).
+
+    The held-out set is data.eval_path, else the tail of the training file (file datasets), else
+    generated from a disjoint seed (the built-in task).
+    """
+    fmt = PromptFormat.load(data, model_dir)
+    rows = held_out = None
+    if data.train_path:
+        rows, _ = load_rows(fmt, data.train_path, encode, data.max_prompt_tokens)
+    if data.eval_path:
+        held_out, _ = load_rows(fmt, data.eval_path, encode, data.max_prompt_tokens)
+    elif rows is not None:  # hold out the tail of the training file
+        if len(rows) <= data.num_eval_prompts:
+            raise ValueError(
+                f"{data.train_path} has {len(rows)} usable rows, not more than data.num_eval_prompts="
+                f"{data.num_eval_prompts}: set data.eval_path or lower data.num_eval_prompts"
+            )
+        rows, held_out = rows[: -data.num_eval_prompts or None], rows[len(rows) - data.num_eval_prompts :]
+    stream = PromptStream(data, encode, rows, fmt.render)
+    first = rows[0].text if rows else fmt.render(arith_task.problem_at(data.seed, 0).prompt)
+    return PromptSet(fmt, stream, eval_prompts(data, encode, held_out, fmt.render), first)
+
+
+def describe_first_prompt(prompts: PromptSet) -> str:
+    """The start-up line: the format settings and the first prompt exactly as the model gets it."""
+    return f"prompt format: {prompts.format.describe()}\nfirst prompt:\n{prompts.first_prompt}"

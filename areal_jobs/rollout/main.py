@@ -19,7 +19,7 @@ from pathlib import Path
 
 from areal_jobs.checkpoint import latest_checkpoint
 from areal_jobs.config import JobConfig, load_job_config
-from areal_jobs.data.prompts import PromptStream, eval_prompts, load_rows
+from areal_jobs.data.prompts import describe_first_prompt, load_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.controller import RolloutController
@@ -37,19 +37,10 @@ logger = logging.getLogger("areal_jobs.rollout.main")
 async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     from areal_jobs.reward.service import RewardService
 
-    tokenizer = load_tokenizer(cfg.model.path or cfg.model.builtin_dir)
-    rows = None
-    if cfg.data.train_path:
-        rows, _ = load_rows(
-            cfg.data.dataset, cfg.data.train_path, tokenizer.encode, cfg.data.max_prompt_tokens
-        )
-    held_out = None
-    if cfg.data.eval_path:
-        held_out, _ = load_rows(
-            cfg.data.dataset, cfg.data.eval_path, tokenizer.encode, cfg.data.max_prompt_tokens
-        )
-    elif rows is not None:  # hold out the tail of the training file
-        rows, held_out = rows[: -cfg.data.num_eval_prompts or None], rows[-cfg.data.num_eval_prompts :]
+    model_dir = cfg.model.path or cfg.model.builtin_dir
+    tokenizer = load_tokenizer(model_dir)
+    prompts = load_prompts(cfg.data, model_dir, tokenizer.encode)
+    logger.info("%s", describe_first_prompt(prompts))
 
     def make_client(rec: discovery.ServerRecord):
         return engine_client(
@@ -69,12 +60,12 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     channel.bind()
     discovery.register_controller(run_dir, host, ports[0], ports[1])
     controller = RolloutController(
-        cfg.rollout, cfg.algo, pool, scorer, PromptStream(cfg.data, tokenizer.encode, rows),
+        cfg.rollout, cfg.algo, pool, scorer, prompts.stream,
         decode=tokenizer.decode, push=channel.push_group,
     )  # fmt: skip
     orchestrator = WeightUpdateOrchestrator(pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s)
     service = ControllerService(
-        controller, orchestrator, channel, eval_prompts(cfg.data, tokenizer.encode, held_out),
+        controller, orchestrator, channel, prompts.held_out,
         eval_every_steps=cfg.run.eval_every_steps, step_timeout_s=cfg.weight_sync.step_timeout_s,
         health_interval_s=cfg.rollout.health_interval_s, make_client=make_client,
         discover=lambda: discovery.read_servers(run_dir),

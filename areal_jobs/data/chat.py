@@ -1,0 +1,193 @@
+"""Prompts as configuration: a dataset row -> the exact text the policy sees.
+
+    row fields ─▶ data.prompt_template (or data.prompt_key) ─▶ user text (+ data.instruction)
+        ─▶ chat template (data.chat_template=auto|none|<file.jinja>, with data.system_prompt and
+           the generation prompt) ─▶ text ─▶ token ids
+
+One function, `PromptFormat.render`, builds every prompt: training, periodic and final evaluation,
+and `launch.evaluate` all go through it, so the model is trained on the prompt it is scored on.
+The chat template is rendered here with Jinja (as transformers' `apply_chat_template` does) so the
+controller does not import transformers; special tokens in the rendered text (`<|im_start|>`)
+are recognised by the tokenizer as the single tokens they are.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from areal_jobs.config import DataConfig, Dataset
+
+AUTO, NONE = "auto", "none"
+STEP_BY_STEP_BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass(frozen=True)
+class DatasetLayout:
+    """What a dataset's rows look like and how it is prompted unless the config says otherwise."""
+
+    prompt_key: str  # the row field with the question
+    answer_keys: tuple[str, ...]  # the first present one is the reference
+    instruction: str  # appended to the user turn (common practice for the data)
+    raw_frame: str  # data.chat_template=none (or a tokenizer without a template): "{user}" framed
+
+
+LAYOUTS = {
+    Dataset.arith: DatasetLayout("prompt", ("answer",), "", "{user}"),
+    # DeepSeek-R1 / AReaL / verl math recipes: step by step, final answer boxed (GSM8K's reward
+    # also reads "#### x" and "the answer is x")
+    Dataset.gsm8k: DatasetLayout("question", ("answer",), STEP_BY_STEP_BOXED, "Question: {user}\nAnswer:"),
+    Dataset.math: DatasetLayout(
+        "problem", ("answer", "solution"), STEP_BY_STEP_BOXED, "Problem: {user}\nSolution:"
+    ),
+    Dataset.humaneval: DatasetLayout("prompt", (), "", "{user}"),
+    Dataset.code_stdio: DatasetLayout("prompt", (), "", "{user}"),
+}
+
+
+def read_chat_template(model_dir: str | Path) -> str | None:
+    """The tokenizer's own chat template: chat_template.jinja, else tokenizer_config.json's."""
+    model_dir = Path(model_dir)
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text(encoding="utf-8")
+    config = model_dir / "tokenizer_config.json"
+    if not config.exists():
+        return None
+    template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in template}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template or None
+
+
+def special_tokens(model_dir: str | Path) -> dict[str, str]:
+    """bos/eos/pad/unk token strings from tokenizer_config.json (what templates refer to)."""
+    config = Path(model_dir) / "tokenizer_config.json"
+    if not config.exists():
+        return {}
+    raw = json.loads(config.read_text(encoding="utf-8"))
+    out = {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = raw.get(key)
+        if isinstance(value, dict):  # AddedToken serialisation
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _compile(source: str):
+    """A sandboxed Jinja template with the environment transformers gives chat templates."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
+
+
+@dataclass
+class PromptFormat:
+    """How a row becomes the policy's prompt; built once per process by `PromptFormat.load`."""
+
+    dataset: Dataset
+    prompt_key: str
+    answer_keys: tuple[str, ...]
+    prompt_template: str  # "" = the row's prompt_key field
+    instruction: str
+    system_prompt: str
+    raw_frame: str
+    template_source: str | None  # None: raw text (no chat template)
+    template_origin: str  # for the start-up line: "tokenizer", a file, or "none"
+    specials: dict[str, str]
+
+    @classmethod
+    def load(cls, data: DataConfig, model_dir: str | Path) -> PromptFormat:
+        layout = LAYOUTS[data.dataset]
+        if data.chat_template == NONE:
+            source, origin = None, NONE
+        elif data.chat_template == AUTO:
+            source = read_chat_template(model_dir)
+            origin = "tokenizer" if source else "none (the tokenizer has no chat template)"
+        else:
+            path = Path(data.chat_template)
+            if not path.is_file():
+                raise FileNotFoundError(f"data.chat_template={data.chat_template}: no such Jinja file")
+            source, origin = path.read_text(encoding="utf-8"), str(path)
+        return cls(
+            dataset=data.dataset,
+            prompt_key=data.prompt_key or layout.prompt_key,
+            answer_keys=(data.answer_key,) if data.answer_key else layout.answer_keys,
+            prompt_template=data.prompt_template,
+            instruction=layout.instruction if data.instruction is None else data.instruction,
+            system_prompt=data.system_prompt,
+            raw_frame=layout.raw_frame,
+            template_source=source,
+            template_origin=origin,
+            specials=special_tokens(model_dir),
+        )
+
+    def __post_init__(self) -> None:
+        self._template = _compile(self.template_source) if self.template_source else None
+
+    def user_text(self, row: dict) -> str:
+        """The user turn from a row's fields; KeyError names a missing field (row skipped)."""
+        if self.prompt_template:
+            question = self.prompt_template.format_map(_Fields(row))
+        else:
+            question = row[self.prompt_key]
+            if not isinstance(question, str):
+                raise TypeError(f"field {self.prompt_key!r} is {type(question).__name__}, not text")
+        return f"{question}\n{self.instruction}" if self.instruction else question
+
+    def render(self, user: str) -> str:
+        """The exact prompt text for one user turn: chat template with the generation prompt, or
+        the dataset's raw framing (with the system prompt as a leading paragraph)."""
+        if self._template is None:
+            framed = self.raw_frame.format(user=user)
+            return f"{self.system_prompt}\n\n{framed}" if self.system_prompt else framed
+        messages = [{"role": "user", "content": user}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return self._template.render(messages=messages, add_generation_prompt=True, **self.specials)
+
+    def render_row(self, row: dict) -> str:
+        return self.render(self.user_text(row))
+
+    def reference(self, row: dict) -> str:
+        """What the reward compares against; KeyError/ValueError mark the row unusable."""
+        for key in self.answer_keys:
+            if row.get(key) not in (None, ""):
+                answer = str(row[key])
+                if self.dataset is Dataset.gsm8k and self.answer_keys == ("answer",):
+                    if "####" not in answer:  # GSM8K's own layout: a solution ending "#### x"
+                        raise ValueError("answer has no '#### <final answer>' line")
+                    return answer.split("####")[-1].strip()
+                return answer
+        raise KeyError(f"none of the answer fields {list(self.answer_keys)} is present")
+
+    def describe(self) -> str:
+        return (
+            f"data.chat_template={self.template_origin} data.system_prompt={self.system_prompt!r} "
+            f"data.instruction={self.instruction!r}"
+        )
+
+
+class _Fields(dict):
+    """Row fields for str.format_map; a missing one raises KeyError naming it."""
+
+    def __missing__(self, key: str) -> str:
+        raise KeyError(f"prompt_template field {key!r} is not in the row")
