@@ -68,6 +68,8 @@ class GenerateRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # end-of-sequence / end-of-turn ids (kept in the output)
+    stop: tuple[str, ...] = ()  # stop strings (kept in the output: the policy learns to stop)
 
 
 class FinishReason(enum.Enum):

@@ -45,6 +45,9 @@ class RolloutConfig:
     base_port: int = 0  # server i listens on base_port + i; 0 = any free port (local mode)
     controller_port: int = 0  # controller binds this (trajectories) and +1 (control); 0 = free
     extra_server_args: list[str] = field(default_factory=list)
+    # stop strings beside the model's end-of-sequence / end-of-turn tokens (which come from the
+    # tokenizer and generation_config.json), e.g. ["</answer>"]; a sample records stop or length
+    stop: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.kv_cache_gib <= 0:

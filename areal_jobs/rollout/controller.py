@@ -56,6 +56,7 @@ class RolloutController:
         stream: PromptStream,
         decode: callable,
         push: callable,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.rollout = rollout
         self.algo = algo
@@ -63,6 +64,7 @@ class RolloutController:
         self.scorer = scorer
         self.stream = stream
         self.decode = decode  # token ids -> text, for the reward functions
+        self.stop_token_ids = stop_token_ids  # the model's end-of-sequence / end-of-turn ids
         self.push = push  # async: TrajectoryGroup -> None
         self.staleness = StalenessManager(
             algo.batch_size, algo.max_staleness, max(1, rollout.max_concurrent // algo.group_size)
@@ -200,6 +202,8 @@ class RolloutController:
                 max_new_tokens=remaining,
                 temperature=self.rollout.temperature,
                 top_p=self.rollout.top_p,
+                stop_token_ids=self.stop_token_ids,
+                stop=tuple(self.rollout.stop),
             )
             slot.in_flight += 1
             self._segments_in_flight += 1

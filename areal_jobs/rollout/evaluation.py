@@ -42,6 +42,8 @@ async def evaluate(
     running: asyncio.Event,
     tag: str,
     concurrency: int = 64,
+    stop_token_ids: tuple[int, ...] = (),
+    stop: tuple[str, ...] = (),
 ) -> EvalSummary:
     limiter = asyncio.Semaphore(concurrency)
 
@@ -61,6 +63,8 @@ async def evaluate(
                     max_new_tokens=max_new_tokens - len(output),
                     temperature=temperature,
                     top_p=1.0,
+                    stop_token_ids=stop_token_ids,
+                    stop=stop,
                 )
                 slot.in_flight += 1
                 try:

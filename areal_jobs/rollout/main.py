@@ -61,7 +61,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     discovery.register_controller(run_dir, host, ports[0], ports[1])
     controller = RolloutController(
         cfg.rollout, cfg.algo, pool, scorer, prompts.stream,
-        decode=tokenizer.decode, push=channel.push_group,
+        decode=tokenizer.decode, push=channel.push_group, stop_token_ids=tokenizer.stop_token_ids,
     )  # fmt: skip
     orchestrator = WeightUpdateOrchestrator(pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s)
     service = ControllerService(

@@ -211,7 +211,10 @@ class ControllerService:
 
     async def _eval(self, kind: str, greedy: bool = False) -> None:
         version = self.ctl.version
-        kwargs = dict(max_new_tokens=self.ctl.rollout.max_new_tokens, running=self.ctl.running)
+        kwargs = dict(
+            max_new_tokens=self.ctl.rollout.max_new_tokens, running=self.ctl.running,
+            stop_token_ids=self.ctl.stop_token_ids, stop=tuple(self.ctl.rollout.stop),
+        )  # fmt: skip
         summary: EvalSummary = await evaluate(
             self.ctl.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
             temperature=self.ctl.rollout.temperature, tag=f"{kind}-v{version}", **kwargs,

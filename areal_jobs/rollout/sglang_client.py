@@ -68,6 +68,10 @@ class SGLangClient:
         }
         if request.seed is not None:
             sampling["sampling_seed"] = request.seed
+        if request.stop_token_ids:
+            sampling["stop_token_ids"] = list(request.stop_token_ids)
+        if request.stop:
+            sampling["stop"] = list(request.stop)
         body = {
             "input_ids": request.input_ids,
             "sampling_params": sampling,

@@ -85,6 +85,11 @@ class VLLMClient:
         }
         if request.seed is not None:
             sampling["seed"] = request.seed
+        if request.stop_token_ids:
+            sampling["stop_token_ids"] = list(request.stop_token_ids)
+        if request.stop:
+            sampling["stop"] = list(request.stop)
+            sampling["include_stop_str_in_output"] = True  # as SGLang's no_stop_trim: trained on
         body = {
             "request_id": request.rid,
             "token_ids": request.input_ids,

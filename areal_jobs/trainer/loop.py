@@ -157,6 +157,7 @@ class TrainLoop:
             "gen/len_max": float(lengths.max()),
             "gen/interrupted_samples": float(sum(s.num_interruptions > 0 for s in samples)),
             "gen/truncated_samples": float(sum(s.finish_reason == "length" for s in samples)),
+            "gen/truncation_rate": float(np.mean([s.finish_reason == "length" for s in samples])),
             "batch/filtered_groups": float(len(batch.filtered_group_ids)),
             "batch/trained_sequences": float(len(batch.samples)),
         }
