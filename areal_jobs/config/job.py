@@ -26,6 +26,8 @@ class RunConfig:
     eval_every_steps: int = 20
     log_level: str = "INFO"  # AREAL_JOBS_LOG_LEVEL overrides
     tensorboard: bool = True
+    samples_every_steps: int = 10  # RUN_DIR/samples.jsonl: a training batch's samples this often (0 = off)
+    samples_print: int = 2  # the first few samples of each dump (training and every evaluation) logged
     token: str = ""  # job token for the control channel and API key; empty = generated
 
     @property

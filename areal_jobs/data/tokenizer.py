@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 # end-of-turn tokens of common chat formats (ChatML, Llama 3, Gemma, Phi): a generation stops at
 # any of them that the tokenizer has as a special token
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
@@ -32,6 +31,10 @@ class TextTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def decode_raw(self, ids: list[int]) -> str:
+        """With special tokens (chat markup, end tokens): what the model saw, for sample dumps."""
+        return self._tok.decode(list(ids), skip_special_tokens=False)
 
     @property
     def vocab_size(self) -> int:

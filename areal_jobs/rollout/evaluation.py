@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from areal_jobs.api import FinishReason, GenerateRequest, RewardRequest, RewardScorer
 from areal_jobs.data.prompts import Prompt
 from areal_jobs.rollout.engine_http import ServerCallError
 from areal_jobs.rollout.server_pool import NoServerAvailable, ServerPool
+from areal_jobs.samples import SampleRecord
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +46,14 @@ async def evaluate(
     concurrency: int = 64,
     stop_token_ids: tuple[int, ...] = (),
     stop: tuple[str, ...] = (),
+    dump: Callable[[list[SampleRecord]], None] | None = None,
+    decode_raw: Callable[[list[int]], str] | None = None,
 ) -> EvalSummary:
     limiter = asyncio.Semaphore(concurrency)
 
-    async def one(i: int, prompt: Prompt) -> tuple[list[int], int]:
+    async def one(i: int, prompt: Prompt) -> tuple[list[int], int, int, str]:
         output: list[int] = []
+        first_version = None
         async with limiter:
             for attempt in range(_MAX_ATTEMPTS):
                 await running.wait()
@@ -78,17 +83,27 @@ async def evaluate(
                 finally:
                     slot.in_flight -= 1
                 output += response.output_ids
+                if first_version is None:
+                    first_version = response.weight_version
                 if response.finish_reason is not FinishReason.abort or len(output) >= max_new_tokens:
-                    return output, response.weight_version
+                    reason = "length" if response.finish_reason is not FinishReason.stop else "stop"
+                    return output, first_version, response.weight_version, reason
             raise RuntimeError(f"evaluation prompt {i} was interrupted {_MAX_ATTEMPTS} times")
 
     outputs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     requests = [
-        RewardRequest(p.reward_task, decode(ids), p.reference) for p, (ids, _) in zip(prompts, outputs)
+        RewardRequest(p.reward_task, decode(ids), p.reference) for p, (ids, *_) in zip(prompts, outputs)
     ]
     results = await scorer.score_group(requests)
     rewards = [r.reward for r in results]
-    versions = [v for _, v in outputs]
+    versions = [v for _, _, v, _ in outputs]
+    if dump is not None:
+        raw = decode_raw or decode
+        dump([
+            SampleRecord(tag, versions[i] if versions else 0, raw(p.input_ids), raw(ids), r.reward,
+                         r.status.value, v0, v1, reason)
+            for i, (p, (ids, v0, v1, reason), r) in enumerate(zip(prompts, outputs, results))
+        ])  # fmt: skip
     n = max(len(prompts), 1)
     summary = EvalSummary(
         accuracy=sum(1.0 for r in rewards if r >= 1.0) / n,

@@ -28,6 +28,7 @@ from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.service import ControllerService
 from areal_jobs.rollout.snapshot import load_snapshot
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
+from areal_jobs.samples import SampleDump
 from areal_jobs.transport import discovery
 from areal_jobs.transport.channels import ControllerChannel
 
@@ -70,6 +71,9 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         health_interval_s=cfg.rollout.health_interval_s, make_client=make_client,
         discover=lambda: discovery.read_servers(run_dir),
     )  # fmt: skip
+    if cfg.run.samples_every_steps > 0:
+        service.dump_samples = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print).write
+        service.decode_raw = tokenizer.decode_raw
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         # the trainer drives the checkpoint; this process only stays up long enough to serve it

@@ -55,6 +55,8 @@ class ControllerService:
         self._outbox: list[m.ControlMessage] = []  # held until a trainer has said hello
         self._background: set[asyncio.Task] = set()
         self._known: dict[int, ServerRecord] = {}
+        self.dump_samples = None  # list[SampleRecord] -> None: each evaluation's samples (main sets it)
+        self.decode_raw = None
 
     async def run(self, restored: ControllerSnapshot | None = None) -> int:
         if restored is not None:
@@ -214,6 +216,7 @@ class ControllerService:
         kwargs = dict(
             max_new_tokens=self.ctl.rollout.max_new_tokens, running=self.ctl.running,
             stop_token_ids=self.ctl.stop_token_ids, stop=tuple(self.ctl.rollout.stop),
+            dump=self.dump_samples, decode_raw=self.decode_raw,
         )  # fmt: skip
         summary: EvalSummary = await evaluate(
             self.ctl.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,8 @@ class TrainLoop:
         self.trained_tokens = 0
         self.expired_groups = 0
         self.preempt = threading.Event()  # set by the signal handler; checked between phases
+        # (step, groups) -> None: samples.jsonl every run.samples_every_steps (session sets it)
+        self.dump_samples: Callable[[int, list[m.TrajectoryGroup]], None] | None = None
 
     def take_groups(self) -> list[m.TrajectoryGroup]:
         """B fresh groups, oldest first; expired ones are sent back to be regenerated."""
@@ -94,6 +97,8 @@ class TrainLoop:
         t_end = time.monotonic()
         self.step += 1
         self._write_ledger(batch, groups)
+        if self.dump_samples is not None:
+            self.dump_samples(self.step, groups)
         metrics.update(self._batch_metrics(batch, groups))
         metrics.update(
             {

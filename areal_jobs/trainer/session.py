@@ -15,8 +15,10 @@ from pathlib import Path
 from areal_jobs import checkpoint as ckpt
 from areal_jobs.api import TrainBackend
 from areal_jobs.config import JobConfig
+from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.metrics import build_sink
 from areal_jobs.report import final_line, plot_run, write_summary
+from areal_jobs.samples import SampleDump, train_records
 from areal_jobs.trainer.inbox import Inbox
 from areal_jobs.trainer.loop import TrainLoop
 from areal_jobs.trainer.publisher import WeightPublisher
@@ -49,6 +51,13 @@ def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox
         cfg.algo, backend, inbox, publisher, sink, run_dir / "ledger.jsonl", cfg.trainer.batch_wait_timeout_s
     )
     loop.preempt = preempt
+    every = cfg.run.samples_every_steps
+    if every > 0:
+        dump = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print)
+        decode = load_tokenizer(cfg.model.path or cfg.model.builtin_dir).decode_raw
+        loop.dump_samples = lambda step, groups: (
+            dump.write(train_records(step, groups, decode)) if step % every == 0 else None
+        )
     if latest is not None:
         restore(run_dir, latest, loop, inbox)
     inbox.channel.send(m.TrainerHello(version=loop.version, step=loop.step, resumed=latest is not None))

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "areal_jobs.metrics",
             "areal_jobs.report",
             "areal_jobs.checkpoint",
+            "areal_jobs.samples",
         },
     ),
     ("transport", {"areal_jobs.transport"}),

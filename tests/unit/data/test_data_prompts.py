@@ -14,7 +14,9 @@ def encode(text):
 
 
 def raw(dataset):
-    return PromptFormat.load(DataConfig(dataset=dataset, train_path="x", chat_template="none"), "/nonexistent")
+    return PromptFormat.load(
+        DataConfig(dataset=dataset, train_path="x", chat_template="none"), "/nonexistent"
+    )
 
 
 def test_stream_is_a_function_of_position():
