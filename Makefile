@@ -32,8 +32,9 @@ system-packages:
 	@$(PYTHON) requirements/apt_install.py requirements/apt.txt
 
 # The built-in tiny experiment on this machine: builds the model, runs servers + controller + trainer.
+# make run EXP=local_own_model OVERRIDES="model.path=... data.train_path=..." (conf/experiment/)
 run: install $(NEEDS_VLLM)
-	$(PY) -m launch.local $(OVERRIDES)
+	$(PY) -m launch.local $(if $(EXP),experiment=$(EXP)) $(OVERRIDES)
 
 # Rebuild the committed built-in model (tokenizer + tiny Qwen2 + supervised warm start).
 warmstart: install

@@ -51,6 +51,45 @@ class TensorBoardSink:
         self._writer.close()
 
 
+class WandbSink:
+    """Weights & Biases with the same flat keys. Offline (RUN_DIR/wandb/offline-run-*, synced later
+    with `wandb sync`) when asked, or in mode auto when no API key is configured. The run id is
+    kept in RUN_DIR/wandb_id so a resumed job continues the same W&B run."""
+
+    def __init__(
+        self, run_dir: Path, *, project: str, name: str, group: str, mode: str, config: dict
+    ) -> None:
+        import wandb  # lazy: only when enabled (the `viz` extra)
+
+        if mode == "auto":
+            mode = "online" if _wandb_key_configured() else "offline"
+        id_file = run_dir / "wandb_id"
+        if not id_file.exists():
+            id_file.write_text(wandb.util.generate_id())
+        self.mode = mode
+        self._run = wandb.init(
+            project=project, name=name, group=group or None, mode=mode, dir=str(run_dir),
+            id=id_file.read_text().strip(), resume="allow", config=config,
+            settings=wandb.Settings(silent=True, console="off"),
+        )  # fmt: skip
+        logger.info("W&B %s run %s in %s", mode, self._run.id, self._run.dir)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def _wandb_key_configured() -> bool:
+    import os
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="replace")
+
+
 class FanoutSink:
     """The one sink a process uses; forwards to every configured backend."""
 
@@ -66,8 +105,14 @@ class FanoutSink:
             sink.close()
 
 
-def build_sink(run_dir: Path, tensorboard: bool) -> FanoutSink:
+def build_sink(run_dir: Path, tensorboard: bool, wandb: dict | None = None) -> FanoutSink:
+    """`wandb`: WandbSink's keyword arguments (project, name, group, mode, config), or None."""
     sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl")]
+    if wandb is not None:
+        try:
+            sinks.append(WandbSink(run_dir, **wandb))
+        except ImportError as exc:  # asked for explicitly: say how to get it, but keep the run
+            logger.warning("W&B disabled (%s): pip install wandb (the viz extra)", exc)
     if tensorboard:
         try:
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))

@@ -12,7 +12,9 @@ from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig
 from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
 from areal_jobs.config.job import (
     JobConfig,
+    LoggingConfig,
     RunConfig,
+    WandbMode,
     load_job_config,
     register_configs,
     save_job_config,
@@ -47,7 +49,9 @@ __all__ = [
     "RewardConfig",
     "RolloutConfig",
     "RolloutEngine",
+    "LoggingConfig",
     "RunConfig",
+    "WandbMode",
     "TrainerBackend",
     "TrainerConfig",
     "WeightSync",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,23 @@ class RunConfig:
         return Path(self.root) / self.name
 
 
+class WandbMode(enum.Enum):
+    auto = "auto"  # online when an API key is configured (WANDB_API_KEY or ~/.netrc), else offline
+    online = "online"
+    offline = "offline"  # RUN_DIR/wandb/offline-run-*: `wandb sync` it later
+
+
+@dataclass
+class LoggingConfig:
+    """Trackers beside metrics.jsonl and TensorBoard (run.tensorboard); the same flat keys."""
+
+    wandb: bool = False
+    wandb_project: str = "areal_jobs"
+    wandb_run_name: str = ""  # "" = run.name
+    wandb_group: str = ""  # "" = none; e.g. one group per sweep
+    wandb_mode: WandbMode = WandbMode.auto
+
+
 @dataclass
 class JobConfig:
     """The whole job. Each component is handed only its own slice."""
@@ -50,6 +68,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 def register_configs() -> None:

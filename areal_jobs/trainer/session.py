@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from areal_jobs import checkpoint as ckpt
 from areal_jobs.api import TrainBackend
 from areal_jobs.config import JobConfig
@@ -46,7 +48,7 @@ def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox
     latest = ckpt.latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
     if latest is not None:  # before the sink opens metrics.jsonl: rows past the checkpoint go
         ckpt.truncate_jsonl(run_dir / "metrics.jsonl", ckpt.read_meta(latest)["step"])
-    sink = build_sink(run_dir, cfg.run.tensorboard)
+    sink = build_sink(run_dir, cfg.run.tensorboard, wandb_settings(cfg))
     loop = TrainLoop(
         cfg.algo, backend, inbox, publisher, sink, run_dir / "ledger.jsonl", cfg.trainer.batch_wait_timeout_s
     )
@@ -65,6 +67,20 @@ def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox
     if latest is not None:  # the servers restarted with the base model: give them this version first
         publisher.publish(loop.version, backend, trained=())
     return loop, latest is not None
+
+
+def wandb_settings(cfg: JobConfig) -> dict | None:
+    """WandbSink's arguments from logging.*, with the resolved config attached to the run."""
+    if not cfg.logging.wandb:
+        return None
+    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    return {
+        "project": cfg.logging.wandb_project,
+        "name": cfg.logging.wandb_run_name or cfg.run.name,
+        "group": cfg.logging.wandb_group,
+        "mode": cfg.logging.wandb_mode.value,
+        "config": resolved,
+    }
 
 
 def restore(run_dir: Path, latest: Path, loop: TrainLoop, inbox: Inbox) -> None:
