@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from pathlib import Path
 from typing import Protocol
@@ -65,7 +66,7 @@ class WandbSink:
             mode = "online" if _wandb_key_configured() else "offline"
         id_file = run_dir / "wandb_id"
         if not id_file.exists():
-            id_file.write_text(wandb.util.generate_id())
+            id_file.write_text(secrets.token_hex(4))
         self.mode = mode
         self._run = wandb.init(
             project=project, name=name, group=group or None, mode=mode, dir=str(run_dir),
@@ -78,7 +79,10 @@ class WandbSink:
         self._run.log({k: float(v) for k, v in metrics.items()}, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self._run.finish()
+        wandb.teardown()  # stops W&B's service process: the offline run file is complete after this
 
 
 def _wandb_key_configured() -> bool:
