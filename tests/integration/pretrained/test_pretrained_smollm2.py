@@ -175,7 +175,7 @@ def test_one_rl_step_and_broadcast_move_the_server_as_the_trainer(
     moved_trainer, moved_server = trainer_after - trainer_before, server_after - server_before
     gap = np.abs(moved_server - moved_trainer)
     print(f"\n[pretrained torch step] trainer moved mean |dlogp| {np.abs(moved_trainer).mean():.3e}; "
-          f"server - trainer change: max {gap.max():.2e}, mean {gap.mean():.2e}; loss {metrics.get('loss')}")  # fmt: skip
+          f"server - trainer change: max {gap.max():.2e}, mean {gap.mean():.2e}; loss {metrics.get('train/loss')}")  # fmt: skip
     record_property("update_gap_max", float(gap.max()))
     assert np.abs(moved_trainer).mean() > 1e-3  # the step changed the policy
     assert gap.mean() < 0.1 * np.abs(moved_trainer).mean() and gap.max() < LOGPROB_TOL[1]
@@ -224,7 +224,7 @@ def megatron_worker(
         group.send_bucket(b, [weights[t.name] for t in b.tensors], f"bucket {b.index}")
     group.destroy()
     backend.save_hf(str(Path(exchange) / "final_hf"))
-    return {"before": before.numpy(), "after": after.numpy(), "loss": metrics.get("loss")}
+    return {"before": before.numpy(), "after": after.numpy(), "loss": metrics.get("train/loss")}
 
 
 def test_megatron_step_broadcast_and_final_hf_on_the_pretrained_checkpoint(
@@ -287,6 +287,11 @@ def test_megatron_step_broadcast_and_final_hf_on_the_pretrained_checkpoint(
     ])  # fmt: skip
     served = server_scores(pretrained_server, batch.samples)
     sync_gap = np.abs(served - megatron_lp)
+    from tests.integration.megatron.harness import hf_state
+
+    saved = hf_state(exchange / "final_hf")
+    assert "lm_head.weight" not in saved and sorted(saved) == sorted(hf_state(pretrained_dir))  # still tied
+    assert (exchange / "final_hf" / "chat_template.jinja").exists()
     reloaded = AutoModelForCausalLM.from_pretrained(str(exchange / "final_hf"), dtype=torch.float32).eval()
     with torch.no_grad():
         reload_logits = torch.cat(
