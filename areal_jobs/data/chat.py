@@ -121,7 +121,9 @@ class PromptFormat:
             source, origin = None, NONE
         elif data.chat_template == AUTO:
             source = read_chat_template(model_dir)
-            origin = "tokenizer" if source else "none (the tokenizer has no chat template)"
+            origin = (
+                "auto (the tokenizer's template)" if source else "auto (none: the tokenizer has no template)"
+            )
         else:
             path = Path(data.chat_template)
             if not path.is_file():

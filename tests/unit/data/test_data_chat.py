@@ -49,7 +49,7 @@ def test_none_and_a_tokenizer_without_template_give_the_raw_framing(chat_model, 
     plain = tmp_path_factory.mktemp("plain")
     no_template = fmt(plain, instruction="")
     assert no_template.render_row(GSM8K_ROW) == expected
-    assert no_template.template_origin.startswith("none")
+    assert "no template" in no_template.template_origin
     math_row = {"problem": "Find x.", "solution": "so \\boxed{3}"}
     math = fmt(plain, dataset=Dataset.math, system_prompt="S")
     assert math.render_row(math_row) == "S\n\nProblem: Find x.\n" + STEP_BY_STEP_BOXED + "\nSolution:"
