@@ -227,6 +227,7 @@ def megatron_worker(
     return {"before": before.numpy(), "after": after.numpy(), "loss": metrics.get("train/loss")}
 
 
+@pytest.mark.megatron
 def test_megatron_step_broadcast_and_final_hf_on_the_pretrained_checkpoint(
     pretrained_server, pretrained_dir, tmp_path, record_property
 ):
