@@ -62,17 +62,34 @@ class WandbSink:
     ) -> None:
         import wandb  # lazy: only when enabled (the `viz` extra)
 
-        if mode == "auto":
-            mode = "online" if _wandb_key_configured() else "offline"
         id_file = run_dir / "wandb_id"
         if not id_file.exists():
             id_file.write_text(secrets.token_hex(4))
+        auto = mode == "auto"
+        mode = ("online" if _wandb_key_configured() else "offline") if auto else mode
+
+        def start(mode: str):
+            return wandb.init(
+                project=project,
+                name=name,
+                group=group or None,
+                mode=mode,
+                dir=str(run_dir),
+                id=id_file.read_text().strip(),
+                resume="allow",
+                config=config,
+                settings=wandb.Settings(silent=True, console="off"),
+            )
+
+        try:
+            self._run = start(mode)
+        except Exception as exc:  # a key but no network: keep the run, sync it later
+            if not (auto and mode == "online"):
+                raise
+            logger.warning("W&B online start failed (%s); logging offline instead", exc)
+            mode = "offline"
+            self._run = start(mode)
         self.mode = mode
-        self._run = wandb.init(
-            project=project, name=name, group=group or None, mode=mode, dir=str(run_dir),
-            id=id_file.read_text().strip(), resume="allow", config=config,
-            settings=wandb.Settings(silent=True, console="off"),
-        )  # fmt: skip
         logger.info("W&B %s run %s in %s", mode, self._run.id, self._run.dir)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
