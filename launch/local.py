@@ -95,7 +95,10 @@ def print_first_prompt(cfg: JobConfig) -> None:
     from areal_jobs.data.tokenizer import load_tokenizer
 
     model_dir = cfg.model.path or cfg.model.builtin_dir
-    prompts = load_prompts(cfg.data, model_dir, load_tokenizer(model_dir).encode)
+    try:
+        prompts = load_prompts(cfg.data, model_dir, load_tokenizer(model_dir).encode)
+    except (OSError, ValueError) as exc:  # a missing file, no usable row: before any process starts
+        raise SystemExit(f"cannot build the prompts: {exc}") from None
     print(describe_first_prompt(prompts), flush=True)
 
 
