@@ -192,8 +192,15 @@ def _silent_leader(rank: int, tmp: str):
 
 def _leader_dies(rank: int, tmp: str):
     channel = ranks.RankChannel.join(command_timeout_s=60.0)
+    joined = os.path.join(tmp, "rank1-joined")
     if rank == 0:
+        # Die only once rank 1 has left join(): join ends in a barrier on the TCP store that rank 0
+        # hosts and leaves first, so dying at once could hit rank 1 still polling the store (that
+        # case is RankAborted "joining rank 0's command group", not the one this test is about)
+        while not os.path.exists(joined):
+            time.sleep(0.01)
         os._exit(1)  # a crash: no Abort, no Stop
+    open(joined, "w").close()
     try:
         channel.receive()
     except ranks.RankAborted as exc:
@@ -279,6 +286,6 @@ def test_a_follower_gives_up_when_rank_0_stays_silent(tmp_path):
     assert "rank 1 waiting for rank 0's next command" in out[1]
 
 
-def test_a_follower_fails_at_once_when_rank_0_dies():
-    out = run_pair("leader_dies", expect=(1,))
+def test_a_follower_fails_at_once_when_rank_0_dies(tmp_path):
+    out = run_pair("leader_dies", str(tmp_path), expect=(1,))
     assert "rank 1 waiting for rank 0's next command" in out[1]
