@@ -68,6 +68,9 @@ class GenerateRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    # prefix-cache namespace: the controller passes the policy version, so a request never reuses
+    # KV that older weights computed (pause_mode=in_place never flushes the cache: docs/protocols.md)
+    cache_salt: str = ""
 
 
 class FinishReason(enum.Enum):

@@ -42,6 +42,12 @@ class RolloutCounters:
     groups_pushed: int = 0
     server_errors: int = 0
     segments: int = 0
+    # segments re-sent after an interruption, and their input tokens (prompt + partial output),
+    # which the server prefills again: the cost of pause_mode=abort
+    resubmitted_segments: int = 0
+    reprefill_tokens: int = 0
+    # segments that an update caught in flight and that went on under the new weights (in_place)
+    straddled_segments: int = 0
 
 
 class RolloutController:
@@ -200,7 +206,11 @@ class RolloutController:
                 max_new_tokens=remaining,
                 temperature=self.rollout.temperature,
                 top_p=self.rollout.top_p,
+                cache_salt=f"v{sent_version}",
             )
+            if state.output_ids:
+                self.counters.resubmitted_segments += 1
+                self.counters.reprefill_tokens += len(request.input_ids)
             slot.in_flight += 1
             self._segments_in_flight += 1
             try:
@@ -218,6 +228,8 @@ class RolloutController:
             self.counters.segments += 1
             # a segment that straddled an update carries the older version for all its tokens
             version = min(sent_version, response.weight_version)
+            if response.weight_version > sent_version:
+                self.counters.straddled_segments += 1
             state.output_ids += response.output_ids
             state.logprobs += response.logprobs
             state.versions += [version] * len(response.output_ids)
@@ -292,6 +304,9 @@ class RolloutController:
             "rollout/requests_in_flight": float(self._segments_in_flight),
             "rollout/generated_tokens": float(c.generated_tokens),
             "rollout/interrupted_requests": float(c.interrupted_requests),
+            "rollout/resubmitted_segments": float(c.resubmitted_segments),
+            "rollout/reprefill_tokens": float(c.reprefill_tokens),
+            "rollout/straddled_segments": float(c.straddled_segments),
             "rollout/server_errors": float(c.server_errors),
             "rollout/servers_up": float(len(self.pool.up_slots)),
             "rollout/requeued_groups": float(len(self.requeued)),
