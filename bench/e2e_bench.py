@@ -24,6 +24,7 @@ Run: `python -m bench.e2e_bench [--quick]`.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import statistics
@@ -119,6 +120,7 @@ def run(quick: bool = False) -> dict[str, float]:
             runs[mode] = step_breakdown(measured(run_mode(mode, round_root, model_dir, shape), mode))
             runs[mode]["wall_s"] = time.monotonic() - t0
             loads[mode] += [load_before, os.getloadavg()[0]]
+            (round_root / f"{mode}.json").write_text(json.dumps(runs[mode], indent=1))  # post-mortems
             print(f"[bench] e2e round {r} {mode}: {runs[mode]['tokens_per_s']:.0f} tokens/s, "
                   f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)  # fmt: skip
         per_round.append(runs)
