@@ -114,7 +114,7 @@ class RolloutController:
         states = states or [SampleState(f"{group_id}/{i}") for i in range(self.algo.group_size)]
         self.in_progress[group_id] = PartialGroup(prompt.data_index, attempt, states)
         task = asyncio.create_task(
-            self._run_group(prompt, group_id, states), name=f"group-{prompt.data_index}"
+            self._run_group(prompt, attempt, group_id, states), name=f"group-{prompt.data_index}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -141,13 +141,14 @@ class RolloutController:
                 logger.warning("trainer expired unknown group %s", gid)
                 continue
             self.staleness.on_expired()
-            attempt = int(gid.partition("r")[2] or 0) + 1
-            self.requeued.append((group.data_index, attempt))
+            self.requeued.append((group.data_index, group.attempt + 1))
         self._wakeup.set()
 
     # ------------------------------------------------------------------ one group
 
-    async def _run_group(self, prompt: Prompt, group_id: str, states: list[SampleState]) -> None:
+    async def _run_group(
+        self, prompt: Prompt, attempt: int, group_id: str, states: list[SampleState]
+    ) -> None:
         """Generate, score and push one group; samples restored from a checkpoint continue."""
         t0 = time.monotonic()
         await asyncio.gather(*(self._run_sample(prompt, s) for s in states if not s.finish_reason))
@@ -176,6 +177,7 @@ class RolloutController:
             samples=samples,
             gen_time_s=t_gen - t0,
             reward_time_s=time.monotonic() - t_gen,
+            attempt=attempt,
         )
         # no await between here and the push's first await: a snapshot sees the group in exactly
         # one place (in progress, or retained as unacked)

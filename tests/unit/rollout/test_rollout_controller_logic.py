@@ -235,3 +235,26 @@ def test_snapshot_restore_continues_partial_samples_from_saved_tokens(tmp_path):
     # every admitted prompt is accounted for: pushed before, saved whole, or continued
     accounted = {g.data_index for g in pushed_before} | {g.data_index for g in loaded.retained} | set(partial)
     assert accounted == set(range(loaded.stream_position))
+
+
+def test_an_expired_group_is_generated_again_as_its_next_attempt():
+    """Identity is typed: the regenerated group's attempt is the expired group's + 1, read from the
+    group itself (its id is only a key; nothing parses it)."""
+
+    async def go():
+        server = FakeServer("a", answer_len=lambda ids: 10)
+        ctl, pushed = make([server], batch=1, group=2, eta=0)
+        task = asyncio.create_task(ctl.admission_loop())
+        await until(lambda: len(pushed) == 1)
+        first = pushed[0]
+        ctl.on_expired((first.group_id,))
+        await until(lambda: len(pushed) == 2)
+        ctl.on_expired((pushed[1].group_id,))
+        await until(lambda: len(pushed) == 3)
+        await ctl.stop()
+        task.cancel()
+        return pushed
+
+    pushed = asyncio.run(go())
+    assert [(g.data_index, g.attempt) for g in pushed] == [(0, 0), (0, 1), (0, 2)]
+    assert len({g.group_id for g in pushed}) == 3
