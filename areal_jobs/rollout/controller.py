@@ -125,6 +125,13 @@ class RolloutController:
             logger.error("group task %s failed: %r", task.get_name(), task.exception())
             self.fatal = task.exception()
 
+    def stop_sending(self) -> None:
+        """No new /generate request until resume_sending (weight updates, restores)."""
+        self.running.clear()
+
+    def resume_sending(self) -> None:
+        self.running.set()
+
     def on_version(self, version: int) -> None:
         self.version = version
         self._wakeup.set()
