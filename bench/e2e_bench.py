@@ -62,7 +62,10 @@ def modes(quick: bool) -> list[str]:
 
 def run_mode(mode: str, root: Path, model_dir: Path, shape: dict) -> list[dict]:
     if mode == "colocated":
-        return asyncio.run(colocated_rows(model_dir, shape, root))
+        rows, prefill = asyncio.run(colocated_rows(model_dir, shape, root))
+        for row in rows:
+            row["bench/prefill_tokens_per_s"] = prefill
+        return rows
     if mode == "sync":
         return launch_local(root, mode, model_dir, shape, 0)
     pause = mode.removeprefix("async_")
@@ -137,6 +140,10 @@ def summarize(per_round: list[dict], loads: dict[str, list[float]], shape: dict)
             out[f"e2e/{mode}_{key}"] = sum(values) if key == "steps" else statistics.median(values)
         out[f"e2e/{mode}_load_mean"] = statistics.fmean(loads[mode])
         out[f"e2e/{mode}_load_max"] = max(loads[mode])
+    rate = out.get("e2e/colocated_prefill_tokens_per_s")
+    for mode in per_round[0]:
+        if rate and mode != "colocated":  # seconds of server time, at the colocated server's threads
+            out[f"e2e/{mode}_reprefill_s_est"] = out[f"e2e/{mode}_reprefill_tokens"] / rate
     ratios = [round_ratios(runs) for runs in per_round]
     for key in ratios[0]:
         out.update(spread_stats(key, [r[key] for r in ratios]))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -91,11 +92,32 @@ def step_breakdown(rows: list[dict]) -> dict[str, float]:
         "reprefill_tokens": reprefill,
         "tokens_per_step": sum(r["train/num_tokens"] for r in rows) / n,
         "steps": float(n),
+        **(
+            {"prefill_tokens_per_s": rows[0]["bench/prefill_tokens_per_s"]}
+            if "bench/prefill_tokens_per_s" in rows[0]
+            else {}
+        ),
     }
 
 
-async def colocated_rows(model_dir: Path, shape: dict, log_dir: Path) -> list[dict]:
-    """Generate-then-train with every core for each phase, through the project's own components."""
+async def prefill_tokens_per_s(client, groups) -> float:
+    """How fast the server prefills what abort mode re-sends: prompt + output of up to 16 of the
+    last batch's samples, each in its own cache namespace (nothing reused), one token generated."""
+    from areal_jobs.api import GenerateRequest
+
+    inputs = [list(g.prompt_ids) + list(s.output_ids) for g in groups for s in g.samples][:16]
+    salt = secrets.token_hex(4)
+    t0 = time.monotonic()
+    await asyncio.gather(*(
+        client.generate(GenerateRequest(f"prefill-{salt}-{i}", [int(t) for t in ids], 1, cache_salt=f"{salt}-{i}"))
+        for i, ids in enumerate(inputs)
+    ))  # fmt: skip
+    return sum(len(ids) for ids in inputs) / (time.monotonic() - t0)
+
+
+async def colocated_rows(model_dir: Path, shape: dict, log_dir: Path) -> tuple[list[dict], float]:
+    """Generate-then-train with every core for each phase, through the project's own components;
+    then the server's prefill rate (tokens/s, every core) on the last batch's samples."""
     import torch
 
     from areal_jobs.reward.service import RewardService
@@ -136,8 +158,10 @@ async def colocated_rows(model_dir: Path, shape: dict, log_dir: Path) -> list[di
                         "train/num_tokens": float(batch.num_output_tokens), "time/step_s": t3 - t0,
                         "time/wait_batch_s": t1 - t0, "time/step_train_s": t2 - t1, "time/publish_s": t3 - t2,
                     })  # fmt: skip
+                await rig.cut()  # the next batch's requests: stopped, so the probe has the server alone
+                prefill = await prefill_tokens_per_s(rig.client, fresh)
             finally:
                 await rig.close()
     finally:
         scorer.close()
-    return rows
+    return rows, prefill

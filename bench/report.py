@@ -83,7 +83,8 @@ E2E_PHASES = [  # (breakdown key, column) of the per-step table
     ("steps", "measured steps"), ("tokens_per_s", "tokens/s"), ("step_s", "step s"),
     ("gen_wait_s", "gen wait s"), ("train_s", "train s"), ("publish_s", "publish s"),
     ("pause_s", "pause s"), ("broadcast_s", "broadcast s"), ("load_resume_s", "load+resume s"),
-    ("reprefill_tokens", "re-prefill tokens/step"), ("load_mean", "load avg"),
+    ("reprefill_tokens", "re-prefill tokens/step"), ("reprefill_s_est", "re-prefill s (est.)"),
+    ("load_mean", "load avg"),
 ]  # fmt: skip
 
 
@@ -100,7 +101,7 @@ def e2e_tables(metrics: dict[str, float]) -> str:
     lines.append("|---|" + "---:|" * len(E2E_PHASES))
     for mode in modes:
         cells = [metrics.get(f"e2e/{mode}_{key}") for key, _ in E2E_PHASES]
-        lines.append(f"| {mode} | " + " | ".join("-" if v is None else f"{v:.3g}" for v in cells) + " |")
+        lines.append(f"| {mode} | " + " | ".join("-" if v is None else f"{v:.4g}" for v in cells) + " |")
     ratios = [k.removeprefix("e2e/").removesuffix("_median") for k in metrics if k.endswith("_median")]
     lines += [
         "",
