@@ -88,6 +88,10 @@ def round_ratios(runs: dict[str, dict[str, float]]) -> dict[str, float]:
             out[f"{mode}_over_sync"] = over_sync
             out[f"{mode}_share_of_bound"] = over_sync / bound
             out[f"{mode}_over_colocated"] = runs[mode]["tokens_per_s"] / runs["colocated"]["tokens_per_s"]
+            # the bound assumes each phase keeps its sync speed while they overlap: > 1 = contention
+            out[f"{mode}_train_s_per_token_over_sync"] = (
+                runs[mode]["train_s"] / runs[mode]["tokens_per_step"]
+            ) / (runs["sync"]["train_s"] / runs["sync"]["tokens_per_step"])
     return out
 
 
