@@ -142,7 +142,7 @@ async def colocated_rows(model_dir: Path, shape: dict, log_dir: Path) -> tuple[l
             try:
                 t_start = time.monotonic()
                 for version in range(shape["steps"]):
-                    if time.monotonic() - t_start > shape["cap_s"] and len(rows) >= WARMUP_STEPS + 2:
+                    if time.monotonic() - t_start > shape["cap_s"] and len(rows) > WARMUP_STEPS:
                         break  # reported as e2e/colocated_steps
                     t0 = time.monotonic()
                     groups = await rig.take(algo.batch_size)
