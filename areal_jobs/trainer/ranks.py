@@ -145,9 +145,9 @@ class RankChannel:
         try:
             group = dist.new_group(backend="gloo", timeout=timeout)
         except (RuntimeError, dist.DistBackendError) as exc:
-            # new_group ends in a barrier on the TCP store that rank 0 hosts: rank 0 leaves it as
-            # soon as the last rank checks in, so when rank 0 dies right after joining, a follower
-            # still polling that barrier sees "Connection reset by peer" from the store
+            # new_group ends with rank 0 writing the group's sequence number to the TCP store that
+            # rank 0 hosts, and the others reading it: rank 0 returns at once, so when it dies right
+            # after joining, a slower follower's read gets "Connection reset by peer" from the store
             raise RankAborted(f"rank {rank} joining rank 0's command group: {exc}") from exc
         return cls(group, rank, world, command_timeout_s)
 

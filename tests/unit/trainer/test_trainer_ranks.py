@@ -194,9 +194,10 @@ def _leader_dies(rank: int, tmp: str):
     channel = ranks.RankChannel.join(command_timeout_s=60.0)
     joined = os.path.join(tmp, "rank1-joined")
     if rank == 0:
-        # Die only once rank 1 has left join(): join ends in a barrier on the TCP store that rank 0
-        # hosts and leaves first, so dying at once could hit rank 1 still polling the store (that
-        # case is RankAborted "joining rank 0's command group", not the one this test is about)
+        # Die only once rank 1 has left join(): join ends with rank 1 reading the group's sequence
+        # number from the TCP store that rank 0 hosts, and rank 0 does not wait for that, so dying
+        # at once can hit rank 1 still in join ("Connection reset by peer" under load; now
+        # RankAborted "joining rank 0's command group"), which is not the case this test is about
         while not os.path.exists(joined):
             time.sleep(0.01)
         os._exit(1)  # a crash: no Abort, no Stop
