@@ -209,12 +209,26 @@ def _leader_dies(rank: int, tmp: str):
     return "received a command nobody sent"
 
 
+def _leader_dies_in_join(rank: int, tmp: str):
+    if rank == 1:
+        os.nice(19)  # the loaded machine: rank 1 is often still in join when rank 0 is gone
+    try:
+        channel = ranks.RankChannel.join(command_timeout_s=60.0)
+        if rank == 0:
+            os._exit(1)
+        channel.receive()
+    except ranks.RankAborted as exc:
+        return str(exc)
+    return "received a command nobody sent"
+
+
 SCENARIOS = {
     "every_command": _every_command,
     "gather": _gather,
     "abort": _abort,
     "silent_leader": _silent_leader,
     "leader_dies": _leader_dies,
+    "leader_dies_in_join": _leader_dies_in_join,
 }
 
 
@@ -290,3 +304,11 @@ def test_a_follower_gives_up_when_rank_0_stays_silent(tmp_path):
 def test_a_follower_fails_at_once_when_rank_0_dies(tmp_path):
     out = run_pair("leader_dies", str(tmp_path), expect=(1,))
     assert "rank 1 waiting for rank 0's next command" in out[1]
+
+
+def test_a_follower_fails_at_once_when_rank_0_dies_while_it_joins():
+    """Rank 0 leaves join() before a slow follower has read the group's sequence number from the
+    store rank 0 hosts: wherever rank 1 is when rank 0 dies, it gets RankAborted (not a raw
+    "Connection reset by peer" from the store)."""
+    out = run_pair("leader_dies_in_join", expect=(1,))
+    assert "rank 1 joining rank 0's command group" in out[1] or "rank 1 waiting for rank 0" in out[1]
