@@ -70,6 +70,9 @@ class GenerateRequest:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # end-of-sequence / end-of-turn ids (kept in the output)
     stop: tuple[str, ...] = ()  # stop strings (kept in the output: the policy learns to stop)
+    # prefix-cache namespace: the controller passes the policy version, so a request never reuses
+    # KV that older weights computed (pause_mode=in_place never flushes the cache: docs/protocols.md)
+    cache_salt: str = ""
 
 
 class FinishReason(enum.Enum):

@@ -6,7 +6,8 @@
 
 Sections (each a module with run(quick) -> dict[str, float] of flat `a/b` metrics):
 packing, controller (ceiling + ZeroMQ), weight_sync, pause (abort / in_place / drain),
-reward_overhead (rewards on vs off), e2e (async vs sync vs colocated sync), reward (rewards/s),
+reward_overhead (rewards on vs off), e2e (async per pause mode vs sync vs colocated sync, 3 interleaved
+rounds: medians and spreads, per-step breakdown, load), reward (rewards/s),
 trainer (torch vs Megatron tokens/s). The sections that need an SGLang server share one (2 threads),
 started once and stopped before the end-to-end runs start their own processes.
 Writes bench/results.json (metrics, per-section wall time and load average, machine) and prints

@@ -211,7 +211,7 @@ class RolloutRig:
         sender = WeightSender(group.base_name, group.master_address, group.master_port, buckets)
         ctl = self.ctl
         ctl.on_trained(trained)
-        ctl.running.clear()
+        ctl.stop_sending()
         await self.orch.pause(lambda: self.pool.total_in_flight)
         init = self.orch.needs_group_init((sender,))
         generation = self.orch.next_generation() if init else self.orch.generation
@@ -236,14 +236,14 @@ class RolloutRig:
             raise errors[0]
         ctl.on_version(version)
         await self.orch.resume()
-        ctl.running.set()
+        ctl.resume_sending()
         self.update_s.append(time.monotonic() - t0)
 
     async def cut(self) -> float:
         """End a measurement window now: every in-flight request returns its partial answer
         (abort), so the window's tokens are all accounted for. Returns the window's end time."""
         t_end = time.monotonic()
-        self.ctl.running.clear()
+        self.ctl.stop_sending()
         await self.client.abort_all()
         deadline = time.monotonic() + 60
         while self.ctl.segments_in_flight and time.monotonic() < deadline:
@@ -253,7 +253,7 @@ class RolloutRig:
     async def close(self) -> None:
         """Stop generating and leave the server idle for the next rig: a request whose client went
         away keeps running in SGLang until it notices, which would slow the next measurement."""
-        self.ctl.running.clear()  # aborted samples must not be re-sent
+        self.ctl.stop_sending()  # aborted samples must not be re-sent
         with contextlib.suppress(Exception):
             await self.client.abort_all()
         await self.ctl.stop()

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 # (section, metric key, label, format) for the headline table; a missing key is skipped
 HEADLINE: list[tuple[str, str, str, str]] = [
-    ("e2e", "e2e/async_tokens_per_s", "async (eta=4) trained tokens/s", "{:,.0f}"),
-    ("e2e", "e2e/sync_tokens_per_s", "sync (eta=0, same processes) trained tokens/s", "{:,.0f}"),
-    ("e2e", "e2e/colocated_tokens_per_s", "colocated sync trained tokens/s", "{:,.0f}"),
-    ("e2e", "e2e/async_over_sync", "async / sync", "{:.2f}x"),
-    ("e2e", "e2e/ideal_overlap_bound", "ideal overlap bound (T_gen + T_train) / max", "{:.2f}x"),
-    ("e2e", "e2e/async_over_sync_share_of_bound", "async / sync as a share of the bound", "{:.0%}"),
-    ("e2e", "e2e/async_over_colocated", "async / colocated sync", "{:.2f}x"),
-    ("e2e", "e2e/async_in_place_over_sync", "async with pause_mode=in_place / sync", "{:.2f}x"),
-    ("e2e", "e2e/async_in_place_over_sync_share_of_bound", "... as a share of the bound", "{:.0%}"),
+    ("e2e", "e2e/async_tokens_per_s", "default async (eta=4) trained tokens/s, median", "{:,.0f}"),
+    ("e2e", "e2e/sync_tokens_per_s", "sync (eta=0, same processes) trained tokens/s, median", "{:,.0f}"),
+    ("e2e", "e2e/colocated_tokens_per_s", "colocated sync trained tokens/s, median", "{:,.0f}"),
+    ("e2e", "e2e/async_over_sync", "default async / sync, median over rounds", "{:.2f}x"),
+    ("e2e", "e2e/ideal_overlap_bound", "ideal overlap bound (T_gen + T_train) / max, median", "{:.2f}x"),
+    ("e2e", "e2e/async_over_sync_share_of_bound", "default async / sync as a share of the bound", "{:.0%}"),
+    ("e2e", "e2e/async_over_colocated", "default async / colocated sync, median", "{:.2f}x"),
+    ("e2e", "e2e/load_mean", "load average during the e2e runs (mean)", "{:.1f}"),
     ("pause", "pause/abort_gen_tokens_per_s", "gen tokens/s under updates: abort (resubmit)", "{:,.0f}"),
     ("pause", "pause/in_place_gen_tokens_per_s", "gen tokens/s under updates: in_place (keep KV)", "{:,.0f}"),
     ("pause", "pause/drain_gen_tokens_per_s", "gen tokens/s under updates: drain", "{:,.0f}"),
@@ -80,6 +79,45 @@ def section_table(name: str, metrics: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+E2E_PHASES = [  # (breakdown key, column) of the per-step table
+    ("steps", "measured steps"), ("tokens_per_s", "tokens/s"), ("step_s", "step s"),
+    ("gen_wait_s", "gen wait s"), ("train_s", "train s"), ("publish_s", "publish s"),
+    ("pause_s", "pause s"), ("broadcast_s", "broadcast s"), ("load_resume_s", "load+resume s"),
+    ("reprefill_tokens", "re-prefill tokens/step"), ("reprefill_s_est", "re-prefill s (est.)"),
+    ("load_mean", "load avg"),
+]  # fmt: skip
+
+
+def e2e_tables(metrics: dict[str, float]) -> str:
+    """Per mode, where a step's time goes (medians over rounds); per ratio, median and spread."""
+    modes = [k.removeprefix("e2e/").removesuffix("_step_s") for k in metrics if k.endswith("_step_s")]
+    if not modes:
+        return ""
+    lines = [
+        "### e2e: per step (median over rounds)",
+        "",
+        "| mode | " + " | ".join(c for _, c in E2E_PHASES) + " |",
+    ]
+    lines.append("|---|" + "---:|" * len(E2E_PHASES))
+    for mode in modes:
+        cells = [metrics.get(f"e2e/{mode}_{key}") for key, _ in E2E_PHASES]
+        lines.append(f"| {mode} | " + " | ".join("-" if v is None else f"{v:.4g}" for v in cells) + " |")
+    ratios = [k.removeprefix("e2e/").removesuffix("_median") for k in metrics if k.endswith("_median")]
+    lines += [
+        "",
+        "### e2e: ratios over rounds",
+        "",
+        "| ratio | median | min | max | spread |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in ratios:
+        vals = [metrics[f"e2e/{r}_{s}"] for s in ("median", "min", "max")]
+        lines.append(
+            f"| {r} | " + " | ".join(f"{v:.3f}" for v in vals) + f" | {metrics[f'e2e/{r}_spread']:.1%} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(results: dict) -> str:
     m = results.get("machine", {})
     mode = "quick" if results.get("quick") else "full"
@@ -88,6 +126,8 @@ def markdown(results: dict) -> str:
         f"{m.get('load_end', '?')} at end, {results.get('wall_s', 0):.0f} s"
     )
     parts = [head, headline_table(results)]
+    if "e2e" in results.get("sections", {}):
+        parts.append(e2e_tables(results["sections"]["e2e"]))
     for name, metrics in results.get("sections", {}).items():
         parts.append(section_table(name, metrics))
     return "\n\n".join(parts) + "\n"

@@ -15,7 +15,9 @@ class RolloutEngine(enum.Enum):
 
 class PauseMode(enum.Enum):
     abort = "abort"  # interrupt, return partial tokens, re-send prompt + partial output
-    in_place = "in_place"  # freeze requests and keep their (old-weight) KV cache
+    # freeze requests and keep their (old-weight) KV cache; the default: no re-prefill after an
+    # update (make bench: the only mode that reaches the overlap bound; soundness: docs/protocols.md)
+    in_place = "in_place"
     drain = "drain"  # stop admitting and wait for in-flight requests to finish
 
 
@@ -33,7 +35,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_concurrent: int = 128  # in-flight requests (samples) across all servers
-    pause_mode: PauseMode = PauseMode.abort
+    pause_mode: PauseMode = PauseMode.in_place
     request_timeout_s: float = 600.0  # one /generate call (a long answer on a slow CPU)
     call_timeout_s: float = 60.0  # control calls: pause, continue, health, weight-update steps
     server_start_timeout_s: float = 300.0

@@ -42,6 +42,12 @@ class RolloutCounters:
     groups_pushed: int = 0
     server_errors: int = 0
     segments: int = 0
+    # segments re-sent after an interruption, and their input tokens (prompt + partial output),
+    # which the server prefills again: the cost of pause_mode=abort
+    resubmitted_segments: int = 0
+    reprefill_tokens: int = 0
+    # segments that an update caught in flight and that went on under the new weights (in_place)
+    straddled_segments: int = 0
 
 
 class RolloutController:
@@ -110,7 +116,7 @@ class RolloutController:
         states = states or [SampleState(f"{group_id}/{i}") for i in range(self.algo.group_size)]
         self.in_progress[group_id] = PartialGroup(prompt.data_index, attempt, states)
         task = asyncio.create_task(
-            self._run_group(prompt, group_id, states), name=f"group-{prompt.data_index}"
+            self._run_group(prompt, attempt, group_id, states), name=f"group-{prompt.data_index}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -120,6 +126,13 @@ class RolloutController:
         if not task.cancelled() and task.exception() is not None:
             logger.error("group task %s failed: %r", task.get_name(), task.exception())
             self.fatal = task.exception()
+
+    def stop_sending(self) -> None:
+        """No new /generate request until resume_sending (weight updates, restores)."""
+        self.running.clear()
+
+    def resume_sending(self) -> None:
+        self.running.set()
 
     def on_version(self, version: int) -> None:
         self.version = version
@@ -137,13 +150,14 @@ class RolloutController:
                 logger.warning("trainer expired unknown group %s", gid)
                 continue
             self.staleness.on_expired()
-            attempt = int(gid.partition("r")[2] or 0) + 1
-            self.requeued.append((group.data_index, attempt))
+            self.requeued.append((group.data_index, group.attempt + 1))
         self._wakeup.set()
 
     # ------------------------------------------------------------------ one group
 
-    async def _run_group(self, prompt: Prompt, group_id: str, states: list[SampleState]) -> None:
+    async def _run_group(
+        self, prompt: Prompt, attempt: int, group_id: str, states: list[SampleState]
+    ) -> None:
         """Generate, score and push one group; samples restored from a checkpoint continue."""
         t0 = time.monotonic()
         await asyncio.gather(*(self._run_sample(prompt, s) for s in states if not s.finish_reason))
@@ -172,6 +186,7 @@ class RolloutController:
             samples=samples,
             gen_time_s=t_gen - t0,
             reward_time_s=time.monotonic() - t_gen,
+            attempt=attempt,
         )
         # no await between here and the push's first await: a snapshot sees the group in exactly
         # one place (in progress, or retained as unacked)
@@ -204,7 +219,11 @@ class RolloutController:
                 top_p=self.rollout.top_p,
                 stop_token_ids=self.stop_token_ids,
                 stop=tuple(self.rollout.stop),
+                cache_salt=f"v{sent_version}",
             )
+            if state.output_ids:
+                self.counters.resubmitted_segments += 1
+                self.counters.reprefill_tokens += len(request.input_ids)
             slot.in_flight += 1
             self._segments_in_flight += 1
             try:
@@ -222,6 +241,8 @@ class RolloutController:
             self.counters.segments += 1
             # a segment that straddled an update carries the older version for all its tokens
             version = min(sent_version, response.weight_version)
+            if response.weight_version > sent_version:
+                self.counters.straddled_segments += 1
             state.output_ids += response.output_ids
             state.logprobs += response.logprobs
             state.versions += [version] * len(response.output_ids)
@@ -296,6 +317,9 @@ class RolloutController:
             "rollout/requests_in_flight": float(self._segments_in_flight),
             "rollout/generated_tokens": float(c.generated_tokens),
             "rollout/interrupted_requests": float(c.interrupted_requests),
+            "rollout/resubmitted_segments": float(c.resubmitted_segments),
+            "rollout/reprefill_tokens": float(c.reprefill_tokens),
+            "rollout/straddled_segments": float(c.straddled_segments),
             "rollout/server_errors": float(c.server_errors),
             "rollout/servers_up": float(len(self.pool.up_slots)),
             "rollout/requeued_groups": float(len(self.requeued)),

@@ -58,6 +58,11 @@ class ServerPool:
         slot.up = False
         slot.failures += 1
 
+    def can_rejoin(self, index: int) -> bool:
+        """A known server that is down and not already rejoining (a restarted process may take it)."""
+        slot = self.slots.get(index)
+        return slot is not None and not slot.up and not slot.joining
+
     def rejoin(self, index: int, client: RolloutEngineClient) -> None:
         """A restarted server (possibly at a new address) will get weights at the next update."""
         slot = self.slots[index]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.evaluation import EvalSummary, evaluate
+from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, save_snapshot
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator, run_stage
 from areal_jobs.transport import messages as m
@@ -30,6 +31,7 @@ class ControllerService:
     def __init__(
         self,
         controller: RolloutController,
+        pool: ServerPool,
         orchestrator: WeightUpdateOrchestrator,
         channel: ControllerChannel,
         eval_prompts: list,
@@ -42,6 +44,7 @@ class ControllerService:
         stats_interval_s: float = 2.0,
     ) -> None:
         self.ctl = controller
+        self.pool = pool  # the controller's servers (shared with it and the orchestrator)
         self.orch = orchestrator
         self.channel = channel
         self.eval_prompts = eval_prompts
@@ -60,7 +63,7 @@ class ControllerService:
 
     async def run(self, restored: ControllerSnapshot | None = None) -> int:
         if restored is not None:
-            self.ctl.running.clear()  # until the trainer publishes the checkpoint's weights
+            self.ctl.stop_sending()  # until the trainer publishes the checkpoint's weights
             for group in self.ctl.restore(restored):
                 await self.channel.push_group(group)
             logger.info(
@@ -95,7 +98,7 @@ class ControllerService:
             if isinstance(msg, m.TrainerHello):
                 self.orch.forget_groups()  # a (re)started trainer holds no broadcast group
                 await self._send(
-                    m.ControllerHello(version=self.ctl.version, num_servers=len(self.ctl.pool.up_slots))
+                    m.ControllerHello(version=self.ctl.version, num_servers=len(self.pool.up_slots))
                 )
                 await self._flush_outbox()
             elif isinstance(msg, m.GroupsExpired):
@@ -112,24 +115,24 @@ class ControllerService:
 
     async def _update_weights(self, req: m.PauseRequest) -> None:
         t0 = time.monotonic()
-        ctl = self.ctl
+        ctl, pool = self.ctl, self.pool
         ctl.on_trained(req.trained_group_ids)
-        ctl.running.clear()
+        ctl.stop_sending()
         marks = [("start", t0)]  # stage timings, logged: where an update spends its time
         try:
-            await self.orch.pause(lambda: ctl.pool.total_in_flight)  # evaluation requests too
+            await self.orch.pause(lambda: pool.total_in_flight)  # evaluation requests too
             marks.append(("pause", time.monotonic()))
-            joined = ctl.pool.promote_joining()  # paused: safe to include them from here on
+            joined = pool.promote_joining()  # paused: safe to include them from here on
             if joined:
                 logger.info("servers %s rejoin at version %d", joined, req.version)
                 self.orch.forget_groups()
-            init = bool(ctl.pool.up_slots) and not req.disk_path and self.orch.needs_group_init(req.senders)
+            init = bool(pool.up_slots) and not req.disk_path and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
-            world = ctl.pool.group_world_size()
+            world = pool.group_world_size()
             await self._send(
                 m.Paused(version=req.version, world_size=world, init_group=init, group_generation=generation)
             )
-            if not ctl.pool.up_slots:
+            if not pool.up_slots:
                 logger.warning(
                     "no rollout server is up for version %d; restarted servers will ask for it", req.version
                 )
@@ -148,7 +151,7 @@ class ControllerService:
             logger.error("weight update to version %d failed at %s", req.version, exc)
             await self._send(m.UpdateFailed(version=req.version, stage=exc.stage, error=exc.detail))
             raise
-        ctl.running.set()
+        ctl.resume_sending()
         await self._send(m.VersionPublished(version=req.version, update_s=time.monotonic() - t0))
         logger.info(
             "version %d on the servers in %.3fs (%s)",
@@ -177,7 +180,7 @@ class ControllerService:
         await self.ctl.stop()
         for task in list(self._background):
             task.cancel()
-        for slot in self.ctl.pool.up_slots:  # the cancelled requests' server work is wasted: abort it
+        for slot in self.pool.up_slots:  # the cancelled requests' server work is wasted: abort it
             await run_stage(
                 f"abort requests on server {slot.index}", slot.client.abort_all(), self.step_timeout_s
             )
@@ -191,19 +194,18 @@ class ControllerService:
         """Mark servers that stop answering down; let restarted ones rejoin (and ask for weights)."""
         while True:
             await asyncio.sleep(self.health_interval_s)
-            for slot in self.ctl.pool.up_slots:
+            for slot in self.pool.up_slots:
                 if not await slot.client.healthy():
-                    self.ctl.pool.mark_down(slot.index, "health check failed")
+                    self.pool.mark_down(slot.index, "health check failed")
                     self.orch.forget_groups()
             if self.discover is None or self.make_client is None:
                 continue
             for rec in self.discover():
-                slot = self.ctl.pool.slots.get(rec.index)
-                if slot is None or slot.up or slot.joining:
+                if not self.pool.can_rejoin(rec.index):
                     continue
                 client = self.make_client(rec)
                 if await client.healthy():
-                    self.ctl.pool.rejoin(rec.index, client)
+                    self.pool.rejoin(rec.index, client)
                     logger.info(
                         "server %d is back at %s; asking the trainer for the current weights",
                         rec.index,
@@ -219,7 +221,7 @@ class ControllerService:
             dump=self.dump_samples, decode_raw=self.decode_raw,
         )  # fmt: skip
         summary: EvalSummary = await evaluate(
-            self.ctl.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
+            self.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
             temperature=self.ctl.rollout.temperature, tag=f"{kind}-v{version}", **kwargs,
         )  # fmt: skip
         await self._send(
@@ -227,7 +229,7 @@ class ControllerService:
         )
         if greedy:
             summary = await evaluate(
-                self.ctl.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
+                self.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
                 temperature=0.0, tag=f"{kind}-greedy-v{version}", **kwargs,
             )  # fmt: skip
             await self._send(

@@ -78,6 +78,8 @@ class SGLangClient:
             "return_logprob": True,
             "rid": request.rid,
         }
+        if request.cache_salt:
+            body["cache_salt"] = request.cache_salt
         payload = await self._post("/generate", body, self._http.generate_timeout)
         try:
             return parse_generate(payload)

@@ -33,6 +33,28 @@ class Inbox:
         self._control: list[m.ControlMessage] = []  # replies waited for, in arrival order
         self.weights_needed = False  # a server rejoined: publish the current weights again
 
+    def send(self, msg: m.ControlMessage) -> None:
+        self.channel.send(msg)
+
+    def take_weights_needed(self) -> bool:
+        """True once per WeightsNeeded: the caller publishes the current weights again."""
+        needed, self.weights_needed = self.weights_needed, False
+        return needed
+
+    def take_groups(self) -> list[m.TrajectoryGroup]:
+        """Every buffered group, in arrival order; the buffer is empty afterwards."""
+        groups, self.groups = self.groups, []
+        return groups
+
+    def put_back(self, groups: list[m.TrajectoryGroup]) -> None:
+        """Groups taken but not used go back to the front, ahead of any that arrived since."""
+        self.groups[:0] = groups
+
+    def take_evals(self) -> list[m.EvalResult]:
+        """Evaluation results not yet logged."""
+        evals, self.evals = self.evals, []
+        return evals
+
     def pump(self, timeout_s: float) -> bool:
         """Receive at most one message (waiting up to timeout_s); True if one arrived."""
         msg = self.channel.poll(timeout_s)

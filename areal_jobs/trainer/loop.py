@@ -67,23 +67,22 @@ class TrainLoop:
         while True:
             if self.preempt.is_set():
                 raise Preempted()
-            if self.inbox.weights_needed:
-                self.inbox.weights_needed = False
+            if self.inbox.take_weights_needed():
                 self.publisher.publish(self.version, self.backend, trained=())
             interrupt = lambda: self.preempt.is_set() or self.inbox.weights_needed  # noqa: E731
             if not self.inbox.wait_groups(b, self.batch_wait_timeout_s, interrupt):
                 continue
-            fresh, expired = split_fresh(self.inbox.groups, self.version, self.algo.max_staleness)
+            fresh, expired = split_fresh(self.inbox.take_groups(), self.version, self.algo.max_staleness)
             if expired:
                 self.expired_groups += len(expired)
                 logger.info("%d groups expired at version %d; regenerating", len(expired), self.version)
-                self.inbox.channel.send(m.GroupsExpired(tuple(g.group_id for g in expired)))
+                self.inbox.send(m.GroupsExpired(tuple(g.group_id for g in expired)))
             order = sorted(range(len(fresh)), key=lambda i: (fresh[i].oldest_version, i))
             if len(fresh) >= b:
                 chosen = set(order[:b])
-                self.inbox.groups = [g for i, g in enumerate(fresh) if i not in chosen]
+                self.inbox.put_back([g for i, g in enumerate(fresh) if i not in chosen])
                 return [fresh[i] for i in sorted(chosen, key=order.index)]
-            self.inbox.groups = fresh
+            self.inbox.put_back(fresh)
 
     def run_step(self) -> dict[str, float]:
         t0 = time.monotonic()
@@ -131,7 +130,7 @@ class TrainLoop:
             setattr(self, key, int(state[key]))
 
     def log_evals(self) -> None:
-        for ev in self.inbox.evals:
+        for ev in self.inbox.take_evals():
             prefix = "eval/greedy_" if ev.kind.endswith("_greedy") else "eval/"
             self.sink.log(
                 self.step,
@@ -141,7 +140,6 @@ class TrainLoop:
                     f"{prefix}version": float(ev.version),
                 },
             )
-        self.inbox.evals.clear()
 
     def _batch_metrics(self, batch: TrainBatch, groups: list[m.TrajectoryGroup]) -> dict[str, float]:
         samples = [s for g in groups for s in g.samples]

@@ -65,7 +65,7 @@ class WeightPublisher:
         if self.cfg.method is WeightSync.disk:
             disk_path = str(self.disk_dir / f"v{version}")
             backend.save_hf(disk_path)
-        self.inbox.channel.send(
+        self.inbox.send(
             m.PauseRequest(version, self.senders, self.backend_name, trained, disk_path=disk_path)
         )
         paused = self.inbox.wait_for(

@@ -141,8 +141,15 @@ class RankChannel:
         if world == 1:
             return cls.single()
         timeout = timedelta(seconds=max(command_timeout_s, ACK_TIMEOUT_S))
-        group = dist.new_group(backend="gloo", timeout=timeout)
-        return cls(group, dist.get_rank(), world, command_timeout_s)
+        rank = dist.get_rank()
+        try:
+            group = dist.new_group(backend="gloo", timeout=timeout)
+        except (RuntimeError, dist.DistBackendError) as exc:
+            # new_group ends with rank 0 writing the group's sequence number to the TCP store that
+            # rank 0 hosts, and the others reading it: rank 0 returns at once, so when it dies right
+            # after joining, a slower follower's read gets "Connection reset by peer" from the store
+            raise RankAborted(f"rank {rank} joining rank 0's command group: {exc}") from exc
+        return cls(group, rank, world, command_timeout_s)
 
     def send(self, cmd: Command, timeout_s: float = ACK_TIMEOUT_S) -> None:
         """Rank 0: announce `cmd` to every other rank (returns once all have it)."""

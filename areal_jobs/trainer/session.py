@@ -165,6 +165,7 @@ def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stoppe
         "wall_s": round(time.time() - t_start, 1),
         "max_staleness_seen": loop.max_staleness_seen,
         "interrupted_requests": int(stopped.metrics.get("rollout/interrupted_requests", 0)),
+        "straddled_segments": int(stopped.metrics.get("rollout/straddled_segments", 0)),
         "trained_tokens": loop.trained_tokens,
         "expired_groups": loop.expired_groups,
         "max_staleness": cfg.algo.max_staleness,

@@ -77,6 +77,7 @@ def encode_group(group: m.TrajectoryGroup, token: str) -> list[bytes]:
         "token": token,
         "group_id": group.group_id,
         "data_index": int(group.data_index),
+        "attempt": int(group.attempt),
         "num_prompt_tokens": int(group.prompt_ids.shape[0]),
         "gen_time_s": float(group.gen_time_s),
         "reward_time_s": float(group.reward_time_s),
@@ -145,6 +146,7 @@ def decode_group(frames: list[bytes], token: str) -> m.TrajectoryGroup:
         samples=tuple(out),
         gen_time_s=float(_field(head, "gen_time_s", (int, float), "header")),
         reward_time_s=float(_field(head, "reward_time_s", (int, float), "header")),
+        attempt=_field(head, "attempt", int, "header"),
     )
 
 

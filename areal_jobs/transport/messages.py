@@ -14,7 +14,7 @@ import numpy as np
 
 from areal_jobs.api import WeightSender
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # ------------------------------------------------------------------------------ trajectories
 
@@ -41,12 +41,13 @@ class SampleTrajectory:
 class TrajectoryGroup:
     """All G samples of one prompt, scored, ready for training."""
 
-    group_id: str  # unique per prompt admission, e.g. "e0-17" (epoch 0, stream index 17)
+    group_id: str  # unique per prompt admission; an opaque key (identity is data_index + attempt)
     data_index: int  # position of the prompt in the seeded prompt stream
     prompt_ids: np.ndarray  # int32 [p]
     samples: tuple[SampleTrajectory, ...]
     gen_time_s: float = 0.0  # admission -> last sample finished
     reward_time_s: float = 0.0
+    attempt: int = 0  # 0 the first time; +1 each time the group expired and was generated again
 
     @property
     def oldest_version(self) -> int:

@@ -20,7 +20,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 REPO = Path(__file__).resolve().parents[3]
 
 EXPECTED = {
-    "e2e": ["e2e/async_over_sync", "e2e/ideal_overlap_bound", "e2e/colocated_tokens_per_s"],
+    "e2e": [
+        "e2e/async_over_sync",
+        "e2e/ideal_overlap_bound",
+        "e2e/colocated_tokens_per_s",
+        "e2e/sync_gen_wait_s",  # the per-step breakdown
+        "e2e/load_mean",
+        "e2e/colocated_prefill_tokens_per_s",
+    ],
     "pause": [
         "pause/abort_gen_tokens_per_s",
         "pause/in_place_gen_tokens_per_s",
@@ -56,4 +63,5 @@ def test_quick_bench_reports_every_section(tmp_path):
         for key in keys:
             assert key in metrics and metrics[key] > 0, (section, key, metrics)
     assert "| section | measure | value |" in result.stdout
+    assert "### e2e: per step" in result.stdout and "### e2e: ratios over rounds" in result.stdout
     assert (out.with_suffix(".md")).exists()

@@ -35,6 +35,9 @@ def test_vllm_run_survives_a_killed_server_and_respects_eta(tmp_path, tiny_model
         "rollout/engine=vllm", "rollout.kv_cache_gib=0.25", "rollout.num_servers=2",
         "rollout.health_interval_s=1", f"algo.max_staleness={ETA}", f"trainer.total_steps={LONG_RUN}",
         "checkpoint.every_steps=0",
+        # abort mode: the interrupted-and-re-sent requests checked below (the default, in_place,
+        # continues them on the server; the e2e test of the default is tests/integration/e2e)
+        "rollout.pause_mode=abort",
     )  # fmt: skip
     try:
         wait_for_steps(run_dir, 2, proc)

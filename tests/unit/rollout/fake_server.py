@@ -2,7 +2,8 @@
 (The controller's integration tests run against a real SGLang server.)
 
 Generates token `100 + position` at `token_s` per token, stops after `answer_len(prompt)` tokens
-with EOS (0), honours pause(abort) by returning partial output, and can be told to fail.
+with EOS (0), honours pause(abort) by returning partial output and pause(in_place) by freezing
+its requests until resume, and can be told to fail.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class FakeServer:
         self.answer_len = answer_len
         self.weight_version = 0
         self.paused = False
+        self.frozen = False  # paused in_place: requests in flight hold still
         self.dead = False
         self.status_on_fail = status_on_fail
         self.requests: list[GenerateRequest] = []
@@ -42,6 +44,8 @@ class FakeServer:
             if self.dead:
                 raise ServerCallError(self.name, "/generate", "connection reset", self.status_on_fail)
             await asyncio.sleep(self.token_s)
+            while self.frozen:  # in_place: frozen, then on under whatever weights resume brings
+                await asyncio.sleep(self.token_s)
             out.append(100 + position + len(out))
             if position + len(out) >= target:
                 out[-1] = 0  # EOS
@@ -50,6 +54,7 @@ class FakeServer:
 
     async def pause(self, mode: str) -> None:
         self.paused = True
+        self.frozen = mode == "in_place"
         if mode == "abort":
             self._abort.set()
             await asyncio.sleep(self.token_s * 3)  # let in-flight calls return
@@ -57,6 +62,7 @@ class FakeServer:
 
     async def resume(self) -> None:
         self.paused = False
+        self.frozen = False
 
     async def healthy(self) -> bool:
         return not self.dead

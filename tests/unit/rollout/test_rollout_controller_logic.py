@@ -93,9 +93,9 @@ def test_interrupted_samples_continue_and_carry_both_versions():
         await until(lambda: len(pushed) >= 1)
         await ctl.stop()
         task.cancel()
-        return pushed[0], server
+        return pushed[0], server, ctl.counters
 
-    group, server = asyncio.run(go())
+    group, server, counters = asyncio.run(go())
     for s in group.samples:
         versions = s.versions.tolist()
         assert (
@@ -107,6 +107,43 @@ def test_interrupted_samples_continue_and_carry_both_versions():
         assert s.output_ids.tolist() == expected_tokens()  # continuation = prompt + partial output
     resent = [r for r in server.requests if len(r.input_ids) > 3]
     assert resent and all(r.max_new_tokens == 64 - (len(r.input_ids) - 3) for r in resent)
+    # the re-prefill that abort costs is counted; the re-sent segments use version 1's cache namespace
+    assert counters.resubmitted_segments == len(resent) == 2
+    assert counters.reprefill_tokens == sum(len(r.input_ids) for r in resent)
+    assert [r.cache_salt for r in server.requests[:2]] == ["v0", "v0"]
+    assert {r.cache_salt for r in resent} == {"v1"}
+    assert counters.straddled_segments == 0
+
+
+def test_an_in_place_update_continues_requests_and_stamps_the_older_version():
+    """pause_mode=in_place: the requests freeze and go on under version 1 without being re-sent;
+    every token of the straddling segment carries version 0 (never fresher than its oldest)."""
+
+    async def go():
+        server = FakeServer("a", token_s=0.005, answer_len=lambda ids: 40)
+        ctl, pushed = make([server], batch=1, group=2, eta=0)
+        task = asyncio.create_task(ctl.admission_loop())
+        await asyncio.sleep(0.06)  # some tokens generated
+        ctl.running.clear()
+        await server.pause("in_place")
+        server.weight_version = 1
+        ctl.on_version(1)
+        await server.resume()
+        ctl.running.set()
+        await until(lambda: len(pushed) >= 2)  # eta = 0: the second group starts at version 1
+        await ctl.stop()
+        task.cancel()
+        return pushed, server, ctl.counters
+
+    pushed, server, counters = asyncio.run(go())
+    for s in pushed[0].samples:
+        assert s.num_interruptions == 0 and s.versions.tolist() == [0] * 37
+        assert s.output_ids.tolist() == expected_tokens()
+    assert counters.straddled_segments == 2 and counters.resubmitted_segments == 0
+    assert counters.reprefill_tokens == 0
+    # requests sent after the update never share cached prefixes with the old weights' requests
+    assert [r.cache_salt for r in server.requests[:4]] == ["v0", "v0", "v1", "v1"]
+    assert all(s.versions.tolist() == [1] * 37 for s in pushed[1].samples)
 
 
 def test_a_dead_server_s_requests_move_to_the_other_with_their_partial_output():
@@ -198,3 +235,26 @@ def test_snapshot_restore_continues_partial_samples_from_saved_tokens(tmp_path):
     # every admitted prompt is accounted for: pushed before, saved whole, or continued
     accounted = {g.data_index for g in pushed_before} | {g.data_index for g in loaded.retained} | set(partial)
     assert accounted == set(range(loaded.stream_position))
+
+
+def test_an_expired_group_is_generated_again_as_its_next_attempt():
+    """Identity is typed: the regenerated group's attempt is the expired group's + 1, read from the
+    group itself (its id is only a key; nothing parses it)."""
+
+    async def go():
+        server = FakeServer("a", answer_len=lambda ids: 10)
+        ctl, pushed = make([server], batch=1, group=2, eta=0)
+        task = asyncio.create_task(ctl.admission_loop())
+        await until(lambda: len(pushed) == 1)
+        first = pushed[0]
+        ctl.on_expired((first.group_id,))
+        await until(lambda: len(pushed) == 2)
+        ctl.on_expired((pushed[1].group_id,))
+        await until(lambda: len(pushed) == 3)
+        await ctl.stop()
+        task.cancel()
+        return pushed
+
+    pushed = asyncio.run(go())
+    assert [(g.data_index, g.attempt) for g in pushed] == [(0, 0), (0, 1), (0, 2)]
+    assert len({g.group_id for g in pushed}) == 3

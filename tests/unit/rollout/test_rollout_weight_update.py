@@ -200,3 +200,15 @@ def test_a_dead_server_found_by_the_abort_is_left_out_of_the_update():
     orch, pool = orchestrator([Recorder("a"), Dead("b")])
     asyncio.run(orch.pause(lambda: 0))
     assert pool.slots[0].up and not pool.slots[1].up
+
+
+def test_only_a_known_server_that_is_down_and_not_joining_can_rejoin():
+    pool = ServerPool()
+    pool.add(0, object())
+    pool.add(1, object())
+    assert not pool.can_rejoin(0) and not pool.can_rejoin(7)  # up; unknown
+    pool.mark_down(1, "health check failed")
+    assert pool.can_rejoin(1)
+    pool.rejoin(1, object())
+    assert not pool.can_rejoin(1)  # joining until the next update promotes it
+    assert pool.promote_joining() == [1] and not pool.can_rejoin(1)

@@ -192,9 +192,30 @@ def _silent_leader(rank: int, tmp: str):
 
 def _leader_dies(rank: int, tmp: str):
     channel = ranks.RankChannel.join(command_timeout_s=60.0)
+    joined = os.path.join(tmp, "rank1-joined")
     if rank == 0:
+        # Die only once rank 1 has left join(): join ends with rank 1 reading the group's sequence
+        # number from the TCP store that rank 0 hosts, and rank 0 does not wait for that, so dying
+        # at once can hit rank 1 still in join ("Connection reset by peer" under load; now
+        # RankAborted "joining rank 0's command group"), which is not the case this test is about
+        while not os.path.exists(joined):
+            time.sleep(0.01)
         os._exit(1)  # a crash: no Abort, no Stop
+    open(joined, "w").close()
     try:
+        channel.receive()
+    except ranks.RankAborted as exc:
+        return str(exc)
+    return "received a command nobody sent"
+
+
+def _leader_dies_in_join(rank: int, tmp: str):
+    if rank == 1:
+        os.nice(19)  # the loaded machine: rank 1 is often still in join when rank 0 is gone
+    try:
+        channel = ranks.RankChannel.join(command_timeout_s=60.0)
+        if rank == 0:
+            os._exit(1)
         channel.receive()
     except ranks.RankAborted as exc:
         return str(exc)
@@ -207,6 +228,7 @@ SCENARIOS = {
     "abort": _abort,
     "silent_leader": _silent_leader,
     "leader_dies": _leader_dies,
+    "leader_dies_in_join": _leader_dies_in_join,
 }
 
 
@@ -279,6 +301,14 @@ def test_a_follower_gives_up_when_rank_0_stays_silent(tmp_path):
     assert "rank 1 waiting for rank 0's next command" in out[1]
 
 
-def test_a_follower_fails_at_once_when_rank_0_dies():
-    out = run_pair("leader_dies", expect=(1,))
+def test_a_follower_fails_at_once_when_rank_0_dies(tmp_path):
+    out = run_pair("leader_dies", str(tmp_path), expect=(1,))
     assert "rank 1 waiting for rank 0's next command" in out[1]
+
+
+def test_a_follower_fails_at_once_when_rank_0_dies_while_it_joins():
+    """Rank 0 leaves join() before a slow follower has read the group's sequence number from the
+    store rank 0 hosts: wherever rank 1 is when rank 0 dies, it gets RankAborted (not a raw
+    "Connection reset by peer" from the store)."""
+    out = run_pair("leader_dies_in_join", expect=(1,))
+    assert "rank 1 joining rank 0's command group" in out[1] or "rank 1 waiting for rank 0" in out[1]

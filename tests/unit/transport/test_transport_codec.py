@@ -27,7 +27,7 @@ def make_group(lengths=(3, 0, 5)) -> m.TrajectoryGroup:
         )
         for i, n in enumerate(lengths)
     )
-    return m.TrajectoryGroup("g7", 7, np.array([5, 6, 7], dtype=np.int32), samples, 1.5, 0.25)
+    return m.TrajectoryGroup("g7r2", 7, np.array([5, 6, 7], dtype=np.int32), samples, 1.5, 0.25, attempt=2)
 
 
 def test_group_round_trip_keeps_every_token_field():
@@ -35,7 +35,7 @@ def test_group_round_trip_keeps_every_token_field():
     frames = codec.encode_group(group, TOKEN)
     assert len(frames) == 5
     out = codec.decode_group(frames, TOKEN)
-    assert out.group_id == "g7" and out.data_index == 7
+    assert out.group_id == "g7r2" and out.data_index == 7 and out.attempt == 2
     np.testing.assert_array_equal(out.prompt_ids, group.prompt_ids)
     for a, b in zip(out.samples, group.samples, strict=True):
         assert (
