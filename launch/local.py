@@ -148,6 +148,16 @@ def stop_roles(roles: list[Role], timeout_s: float = 30.0) -> None:
             role.process.wait(timeout=10)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def on_sigterm_interrupt() -> None:
+    """SIGTERM (kill, a batch system, a CI timeout) stops the roles like Ctrl-C does: without it
+    the servers, controller and trainers outlive launch.local as orphans."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def launch(cfg: JobConfig) -> int:
     if cfg.cluster.kind is not ClusterKind.local:
         raise SystemExit("launch.local runs cluster=local only; submit cluster jobs with `make submit`")
@@ -183,6 +193,7 @@ def launch(cfg: JobConfig) -> int:
     )
     trainers = start_trainers(cfg, config_path, env, logs)
     roles = [*servers, controller, *trainers]
+    on_sigterm_interrupt()
     try:
         failed = _watch(
             roles, servers, start_server, cfg.rollout.max_server_restarts, run_dir, cfg.trainer.total_steps
