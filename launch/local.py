@@ -3,7 +3,7 @@
 Builds the built-in tiny model if needed, writes RUN_DIR/config.yaml, starts the SGLang
 server(s), the rollout controller and the trainer as separate processes (logs in RUN_DIR/logs/,
 PIDs in RUN_DIR/pids.json), shows a progress bar from RUN_DIR/metrics.jsonl, and prints the
-final line from summary.json. trainer=megatron runs trainer.tp_size * pp_size * dp_size trainer
+final line from summary.json. trainer=megatron (and trainer=fsdp) run trainer.tp_size * pp_size * dp_size trainer
 processes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT as torchrun sets them): rank 0 logs to
 logs/trainer.log, rank r > 0 to logs/trainer-<r>.log.
 
@@ -101,7 +101,7 @@ def start_role(name: str, module: str, config: Path, env: dict[str, str], log: P
 def start_trainers(cfg: JobConfig, config: Path, env: dict[str, str], logs: Path) -> list[Role]:
     """One process per trainer rank, rank 0 first; they rendezvous on a free loopback port."""
     t = cfg.trainer
-    if t.backend is not TrainerBackend.megatron:
+    if t.backend is TrainerBackend.torch:
         return [start_role("trainer", "areal_jobs.trainer.main", config, env, logs / "trainer.log")]
     from areal_jobs.transport.discovery import free_port
 

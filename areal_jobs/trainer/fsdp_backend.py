@@ -202,7 +202,9 @@ class FSDPBackend:
     ) -> tuple[float, LossStats, torch.Tensor, int]:
         """Sums over the DP ranks (each rank saw only its share of the tokens)."""
         keys = list(vars(stats))
-        row = torch.tensor([loss, *(getattr(stats, k) for k in keys), *gap.tolist(), num_micro], dtype=torch.float64)
+        row = torch.tensor(
+            [loss, *(getattr(stats, k) for k in keys), *gap.tolist(), num_micro], dtype=torch.float64
+        )
         if self.world > 1:
             dist.all_reduce(row)
         total = LossStats(**{k: float(v) for k, v in zip(keys, row[1 : 1 + len(keys)])})

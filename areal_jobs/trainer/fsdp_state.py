@@ -74,9 +74,7 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(folder / "dcp"))
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-    )
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rng_file = folder / f"rng-{dist.get_rank()}.pt"
     if rng_file.exists():  # a checkpoint from a smaller world has none for the extra ranks
         rng = torch.load(rng_file, weights_only=False)
@@ -89,7 +87,11 @@ def write_hf(path: str, tensors: dict[str, torch.Tensor], config, architecture: 
     names the original class, not FSDP's wrapper subclass)."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     config = copy.deepcopy(config)
     config.architectures = [architecture]
     config.save_pretrained(str(folder))

@@ -28,7 +28,11 @@ update_diff = megatron_harness.update_diff
 
 def _entry(fn: Callable, rank: int, world: int, port: int, results: Any, args: tuple) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     import warnings
 

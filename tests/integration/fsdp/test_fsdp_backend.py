@@ -55,7 +55,9 @@ def models(tmp_path_factory) -> dict[str, Path]:
 def test_two_ranks_match_the_torch_backend(models, family):
     ranks = run_ranks(step_worker, 2, str(models[family]))
     lead, other = ranks
-    expected_metrics, expected = megatron_harness.torch_backend_step(models[family], make_batch(0), trainer_config(2))
+    expected_metrics, expected = megatron_harness.torch_backend_step(
+        models[family], make_batch(0), trainer_config(2)
+    )
     assert other["specs"] == [] and other["after"] == {}, "only rank 0 is a sender"
     assert {name for name, _, _ in lead["specs"]} == set(expected)
     loss_diff = abs(lead["metrics"]["train/loss"] - expected_metrics["train/loss"])
