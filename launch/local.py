@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 from areal_jobs.config import (
     ClusterKind,
     JobConfig,
+    Placement,
     TrainerBackend,
     register_configs,
     save_job_config,
@@ -39,6 +40,7 @@ from areal_jobs.config import (
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import read_jsonl
 from areal_jobs.report import final_line
+from launch.placement import colocated_schedule
 
 logger = logging.getLogger("launch.local")
 
@@ -137,6 +139,11 @@ def stop_roles(roles: list[Role], timeout_s: float = 30.0) -> None:
 def launch(cfg: JobConfig) -> int:
     if cfg.cluster.kind is not ClusterKind.local:
         raise SystemExit("launch.local runs cluster=local only; submit cluster jobs with `make submit`")
+    if cfg.cluster.placement is Placement.colocated and cfg.algo.max_staleness:
+        # every role already shares this machine's devices; colocated also means: never generate
+        # while the trainer computes (a one-GPU box holds both, time-shared)
+        logger.info("cluster.placement=colocated: synchronous schedule, algo.max_staleness=0")
+        cfg = colocated_schedule(cfg)
     t0 = time.time()
     run_dir = cfg.run.dir.resolve()
     if prepare_run_dir(run_dir, cfg.checkpoint.resume):

@@ -24,10 +24,11 @@ Worked examples, 8 GPUs per node, fraction 0.75, rollout TP 1:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from areal_jobs.config import ClusterConfig, Placement
+from areal_jobs.config import ClusterConfig, JobConfig, Placement
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,11 @@ def split_gpus(cluster: ClusterConfig, rollout_tp: int) -> GpuSplit:
         if cluster.nodes < 2:
             raise
         return node_split(cluster)
+
+
+def colocated_schedule(job: JobConfig) -> JobConfig:
+    """cluster.placement=colocated: the synchronous schedule (algo.max_staleness=0), so no request
+    is generated while the trainer uses the devices the servers share (launch.plan, launch.local)."""
+    if job.cluster.placement is not Placement.colocated or job.algo.max_staleness == 0:
+        return job
+    return dataclasses.replace(job, algo=dataclasses.replace(job.algo, max_staleness=0))

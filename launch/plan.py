@@ -32,7 +32,7 @@ from areal_jobs.config import (
     TrainerConfig,
     WeightSyncConfig,
 )
-from launch.placement import GpuSplit, node_split, split_gpus
+from launch.placement import GpuSplit, colocated_schedule, node_split, split_gpus
 
 # Ports used when the config leaves them at 0 ("any free port" only works on one machine).
 DEFAULT_SERVER_BASE_PORT = 30000
@@ -276,7 +276,7 @@ def apply_plan(job: JobConfig, plan: AllocationPlan) -> JobConfig:
     """The config every role reads: server count, derived DP and the fixed ports written in."""
     replace = dataclasses.replace
     return replace(
-        job,
+        colocated_schedule(job) if plan.placement is Placement.colocated else job,
         rollout=replace(
             job.rollout,
             num_servers=plan.num_servers,
@@ -288,6 +288,4 @@ def apply_plan(job: JobConfig, plan: AllocationPlan) -> JobConfig:
         ),
         weight_sync=replace(job.weight_sync, master_port=plan.weight_sync_port),
         cluster=replace(job.cluster, rollout_fraction=repr(plan.rollout_fraction)),
-        # colocated: servers and trainer time-share the GPUs, so no generation runs while training
-        algo=replace(job.algo, max_staleness=0) if plan.placement is Placement.colocated else job.algo,
     )
