@@ -4,22 +4,22 @@ Pure functions of the cluster slice and the rollout TP size, no I/O; launch/plan
 full plan on top (trainer layout, ports). Three layouts:
 
   nodes      one heterogeneous job: floor(nodes * fraction) rollout nodes, the rest trainer nodes.
-  gpus       one job over whole nodes: the rollout servers take floor(total GPUs * fraction) GPUs
-             (servers never span nodes, so the shared node's share is rounded down to whole TP
-             groups) and the trainer the last `trainer GPUs` of the last node, which it shares
-             with that node's servers. The trainer stays inside one node: trainer GPUs < GPUs per
-             node (otherwise the split is whole nodes anyway, or not representable).
+  gpus       one job over whole nodes: the rollout servers take floor(total GPUs * fraction) GPUs,
+             whole nodes first, then GPUs 0..k-1 of the next ("shared") node (servers never span
+             nodes, so k is rounded down to whole TP groups); the trainer takes the rest: the
+             shared node's remaining GPUs and every later node.
   colocated  one node: the servers use every GPU and so does the trainer; they time-share them
              with the synchronous schedule (algo.max_staleness=0: no generation while training).
 
 `auto` keeps the whole-node hetjob where nodes * fraction is a whole number (the paper's 64 x 0.75),
-else the GPU-level split if it is representable, else whole nodes.
+else the GPU-level split.
 
 Worked examples, 8 GPUs per node, fraction 0.75, rollout TP 1:
   1 node   8 GPUs -> gpus: 6 rollout + 2 trainer on node 1
   2 nodes 16 GPUs -> gpus: 8 + 4 rollout, 4 trainer on node 2 (12 + 4)
   3 nodes 24 GPUs -> gpus: 8 + 8 + 2 rollout, 6 trainer on node 3 (18 + 6)
   4 nodes 32 GPUs -> nodes: 3 rollout nodes + 1 trainer node (24 + 8)
+  4 nodes at 21/32 -> gpus: 8 + 8 + 5 rollout, trainer on GPUs 5-7 of node 3 and all of node 4 (21 + 11)
 """
 
 from __future__ import annotations
@@ -34,19 +34,23 @@ from areal_jobs.config import ClusterConfig, JobConfig, Placement
 @dataclass(frozen=True)
 class GpuSplit:
     """Where the roles run. Rollout servers fill `rollout_nodes` whole nodes, then
-    `shared_rollout_gpus` GPUs (from GPU 0) of the trainer's node; the trainer uses
-    `trainer_gpus_per_node` GPUs of each of its `trainer_nodes` nodes from `trainer_first_gpu` on."""
+    `shared_rollout_gpus` GPUs (from GPU 0) of the first trainer node; the trainer uses that node's
+    GPUs from `trainer_first_gpu` on and every GPU of its other `trainer_nodes - 1` nodes."""
 
     placement: Placement  # resolved: never auto
+    gpus_per_node: int
     rollout_nodes: int  # nodes whose every GPU serves
-    shared_rollout_gpus: int  # rollout GPUs on the trainer's node (gpus, colocated); 0 for nodes
-    trainer_nodes: int
-    trainer_gpus_per_node: int
-    trainer_first_gpu: int  # first trainer GPU index on its node (gpus: after the servers')
+    shared_rollout_gpus: int  # rollout GPUs on the first trainer node (gpus, colocated); 0 for nodes
+    trainer_nodes: int  # the shared node (if any) and every node after it
+    trainer_first_gpu: int  # first trainer GPU on the first trainer node (gpus: after the servers')
 
     @property
     def trainer_gpus(self) -> int:
-        return self.trainer_nodes * self.trainer_gpus_per_node
+        return self.trainer_nodes * self.gpus_per_node - self.trainer_first_gpu
+
+    @property
+    def trainer_gpus_first_node(self) -> int:
+        return self.gpus_per_node - self.trainer_first_gpu
 
 
 def node_split(cluster: ClusterConfig) -> GpuSplit:
@@ -66,28 +70,22 @@ def node_split(cluster: ClusterConfig) -> GpuSplit:
             "rollout node: raise cluster.rollout_fraction or cluster.nodes, or use cluster.placement=gpus"
         )
     trainer_nodes = cluster.nodes - rollout_nodes
-    return GpuSplit(Placement.nodes, rollout_nodes, 0, trainer_nodes, cluster.gpus_per_node, 0)
+    return GpuSplit(Placement.nodes, cluster.gpus_per_node, rollout_nodes, 0, trainer_nodes, 0)
 
 
 def gpu_split(cluster: ClusterConfig, rollout_tp: int) -> GpuSplit:
-    """GPU-level: the trainer takes the tail of the last node (see the module docstring)."""
+    """GPU-level: servers on the first GPUs in node order, the trainer on the rest (module docstring)."""
     gpn, total = cluster.gpus_per_node, cluster.nodes * cluster.gpus_per_node
     rollout = math.floor(total * cluster.rollout_share + 1e-9)
-    trainer = total - rollout
-    shared = max(gpn - trainer, 0) // rollout_tp * rollout_tp  # servers never span nodes: whole TP groups
-    if cluster.nodes == 1 and shared == 0:
+    whole, rest = divmod(rollout, gpn)
+    shared = rest // rollout_tp * rollout_tp  # servers never span nodes: whole TP groups
+    if whole == 0 and shared == 0:
         raise ValueError(
-            f"cluster.placement=gpus on one node of {gpn} GPUs: rollout_fraction={cluster.rollout_fraction} "
-            f"leaves no whole server of rollout.tp_size={rollout_tp}: raise cluster.rollout_fraction, lower "
+            f"cluster.placement=gpus: rollout_fraction={cluster.rollout_fraction} of {total} GPUs leaves no "
+            f"whole server of rollout.tp_size={rollout_tp}: raise cluster.rollout_fraction, lower "
             "rollout.tp_size, or use cluster.placement=colocated"
         )
-    if trainer >= gpn:
-        raise ValueError(
-            f"cluster.placement=gpus: rollout_fraction={cluster.rollout_fraction} of {total} GPUs leaves "
-            f"{trainer} trainer GPUs, at least a whole node of cluster.gpus_per_node={gpn}: the trainer "
-            "shares one node only. Use cluster.placement=nodes, or raise cluster.rollout_fraction"
-        )
-    return GpuSplit(Placement.gpus, cluster.nodes - 1, shared, 1, gpn - shared, shared)
+    return GpuSplit(Placement.gpus, gpn, whole, shared, cluster.nodes - whole, shared)
 
 
 def colocated_split(cluster: ClusterConfig) -> GpuSplit:
@@ -97,7 +95,7 @@ def colocated_split(cluster: ClusterConfig) -> GpuSplit:
             "cluster.nodes=1, or cluster.placement=gpus / nodes for several nodes"
         )
     gpn = cluster.gpus_per_node
-    return GpuSplit(Placement.colocated, 0, gpn, 1, gpn, 0)
+    return GpuSplit(Placement.colocated, gpn, 0, gpn, 1, 0)
 
 
 def exact_node_split(cluster: ClusterConfig) -> bool:
@@ -118,12 +116,7 @@ def split_gpus(cluster: ClusterConfig, rollout_tp: int) -> GpuSplit:
             return colocated_split(cluster)
     if exact_node_split(cluster):
         return node_split(cluster)
-    try:
-        return gpu_split(cluster, rollout_tp)
-    except ValueError:
-        if cluster.nodes < 2:
-            raise
-        return node_split(cluster)
+    return gpu_split(cluster, rollout_tp)
 
 
 def colocated_schedule(job: JobConfig) -> JobConfig:

@@ -43,8 +43,9 @@ DEFAULT_WEIGHT_SYNC_PORT = 29700
 @dataclass(frozen=True)
 class AllocationPlan:
     """The layout of one job. Placement nodes: group 0 = rollout nodes, group 1 = trainer nodes +
-    controller. gpus / colocated: one job; the trainer's node also hosts `shared_rollout_gpus`
-    GPUs of servers (from GPU 0), the trainer uses its GPUs from `trainer_first_gpu` on."""
+    controller. gpus / colocated: one job; the first trainer node also hosts `shared_rollout_gpus`
+    GPUs of servers (from GPU 0), the trainer uses its GPUs from `trainer_first_gpu` on
+    (`trainer_tasks_first_node` ranks there) and `trainer_tasks_per_node` on each later node."""
 
     gpus_per_node: int
     rollout_nodes: int
@@ -62,7 +63,8 @@ class AllocationPlan:
     rollout_fraction: float = 0.0  # the split used (resolved when cluster.rollout_fraction=auto)
     placement: Placement = Placement.nodes  # resolved (never auto)
     shared_rollout_gpus: int = 0  # gpus / colocated: rollout GPUs on the trainer's node
-    trainer_first_gpu: int = 0  # gpus: the trainer's GPUs on its node start here
+    trainer_first_gpu: int = 0  # gpus: the trainer's GPUs on its first node start here
+    trainer_tasks_first_node: int = 0  # gpus / colocated: ranks on the first trainer node
 
     @property
     def nodes(self) -> int:
@@ -82,22 +84,24 @@ class AllocationPlan:
 
     @property
     def trainer_gpus(self) -> int:
-        """GPUs of the trainer: its whole nodes, or its GPUs of the shared node."""
+        """GPUs of the trainer: its whole nodes, or one per rank on shared nodes."""
         if self.placement is Placement.nodes:
             return self.trainer_nodes * self.gpus_per_node
-        return self.trainer_nodes * self.trainer_tasks_per_node
+        return self.trainer_world_size
 
     @property
     def trainer_world_size(self) -> int:
-        return self.trainer_nodes * self.trainer_tasks_per_node
+        if self.placement is Placement.nodes:
+            return self.trainer_nodes * self.trainer_tasks_per_node
+        return self.trainer_tasks_first_node + (self.trainer_nodes - 1) * self.trainer_tasks_per_node
 
     @property
     def trainer_gpu_ids(self) -> str:
-        """CUDA_VISIBLE_DEVICES of the trainer ranks on a shared node ("" = the whole node)."""
+        """CUDA_VISIBLE_DEVICES of the trainer ranks on the first trainer node ("" = every GPU)."""
         if self.placement is Placement.nodes:
             return ""
         first = self.trainer_first_gpu
-        return ",".join(str(i) for i in range(first, first + self.trainer_tasks_per_node))
+        return ",".join(str(i) for i in range(first, first + self.trainer_tasks_first_node))
 
     def describe(self) -> str:
         """One line for the script header and the submit output."""
@@ -109,20 +113,13 @@ class AllocationPlan:
                 f"{self.trainer_gpu_ids} (synchronous: algo.max_staleness=0)"
             )
         if self.placement is Placement.gpus:
+            later = self.trainer_nodes - 1
             return (
-                (
-                    f"{self.nodes} nodes x {self.gpus_per_node} GPUs, GPU-level split {self.rollout_gpus} + "
-                    f"{self.trainer_gpus}: {self.num_servers} servers of TP {self.rollout_tp} "
-                    f"({self.rollout_nodes} whole nodes + GPUs 0-{self.shared_rollout_gpus - 1} of the last node), "
-                    f"{self.trainer_world_size} trainer ranks ({trainer}) on GPUs {self.trainer_gpu_ids} of the last node"
-                )
-                if self.shared_rollout_gpus
-                else (
-                    f"{self.nodes} nodes x {self.gpus_per_node} GPUs, GPU-level split {self.rollout_gpus} + "
-                    f"{self.trainer_gpus}: {self.num_servers} servers of TP {self.rollout_tp} on {self.rollout_nodes} "
-                    f"whole nodes, {self.trainer_world_size} trainer ranks ({trainer}) on GPUs {self.trainer_gpu_ids} "
-                    "of the last node"
-                )
+                f"{self.nodes} nodes x {self.gpus_per_node} GPUs, GPU-level split {self.rollout_gpus} + "
+                f"{self.trainer_gpus}: {self.num_servers} servers of TP {self.rollout_tp} on {self.rollout_nodes} "
+                f"whole nodes + GPUs 0-{self.shared_rollout_gpus - 1} of node {self.rollout_nodes + 1}; "
+                f"{self.trainer_world_size} trainer ranks ({trainer}) on GPUs {self.trainer_gpu_ids} of node "
+                f"{self.rollout_nodes + 1}" + (f" + {later} whole nodes" if later else "")
             )
         return (
             f"{self.nodes} nodes x {self.gpus_per_node} GPUs = {self.rollout_nodes} rollout nodes "
@@ -157,24 +154,24 @@ def _servers_per_node(cluster: ClusterConfig, rollout: RolloutConfig) -> int:
 
 def _trainer_layout(
     cluster: ClusterConfig, trainer: TrainerConfig, algo: AlgoConfig, split: GpuSplit
-) -> tuple[int, int, int, int]:
-    """(tasks per node, tp, pp, dp) of the trainer group."""
-    trainer_nodes, per_node = split.trainer_nodes, split.trainer_gpus_per_node
-    gpus = split.trainer_gpus
+) -> tuple[int, int, int, int, int]:
+    """(tasks per node, tasks on the first node, tp, pp, dp) of the trainer."""
+    gpus, first = split.trainer_gpus, split.trainer_gpus_first_node
     if trainer.backend is TrainerBackend.torch:
         if gpus != 1:
             raise ValueError(
                 f"trainer.backend=torch runs one process, but the trainer has {gpus} GPUs "
-                f"({trainer_nodes} nodes x {per_node} GPUs, cluster.placement={split.placement.value}): use "
+                f"({split.trainer_nodes} nodes, cluster.placement={split.placement.value}): use "
                 "trainer=fsdp or trainer=megatron, or give the trainer one GPU (cluster.gpus_per_node=1, "
                 "or cluster.rollout_fraction so that one trainer GPU remains)"
             )
-        return 1, 1, 1, 1
+        return 1, 1, 1, 1, 1
     tp, pp = trainer.tp_size, trainer.pp_size
-    if tp > per_node or per_node % tp:
+    per_node = {first} | ({cluster.gpus_per_node} if split.trainer_nodes > 1 else set())
+    if any(n % tp for n in per_node):
         raise ValueError(
-            f"trainer.tp_size={tp} must divide the trainer's {per_node} GPUs per node "
-            "(tensor parallelism stays inside a node): lower trainer.tp_size, or change "
+            f"trainer.tp_size={tp} must divide the trainer's GPUs on each node ({sorted(per_node)}: "
+            "tensor parallelism stays inside a node): lower trainer.tp_size, or change "
             "cluster.rollout_fraction / cluster.placement"
         )
     if gpus % (tp * pp):
@@ -194,7 +191,7 @@ def _trainer_layout(
             f"algo.batch_size={algo.batch_size} x algo.group_size={algo.group_size} = {samples} samples per "
             f"step cannot feed {dp} data-parallel ranks: raise algo.batch_size or lower cluster.nodes"
         )
-    return per_node, tp, pp, dp
+    return cluster.gpus_per_node, first, tp, pp, dp
 
 
 def _check_ports(plan: AllocationPlan, loopback: bool) -> None:
@@ -232,7 +229,9 @@ def plan_allocation(
     """Decide the layout of the heterogeneous job, or raise ValueError naming the override."""
     servers_per_node = _servers_per_node(cluster, rollout)
     split = split_gpus(cluster, rollout.tp_size)
-    tasks_per_node, tp, pp, dp = _trainer_layout(cluster, trainer, algo, split)
+    tasks_per_node, first_tasks, tp, pp, dp = _trainer_layout(cluster, trainer, algo, split)
+    if trainer.backend is TrainerBackend.torch:
+        tasks_per_node = 1
     plan = AllocationPlan(
         gpus_per_node=cluster.gpus_per_node,
         rollout_nodes=split.rollout_nodes,
@@ -251,6 +250,7 @@ def plan_allocation(
         placement=split.placement,
         shared_rollout_gpus=split.shared_rollout_gpus,
         trainer_first_gpu=split.trainer_first_gpu,
+        trainer_tasks_first_node=first_tasks,
     )
     _check_ports(plan, cluster.loopback)
     return plan

@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print_guidance(profile: SimProfile, gpus: list[int], gpus_per_node: int) -> int:
     from launch.small_clusters import advise, guidance_markdown
 
-    rows = [advise(profile, n, choose_rollout_fraction, gpus_per_node) for n in gpus]
+    rows = [advise(profile, n, choose_rollout_fraction) for n in gpus]
     print(f"## Small-cluster guidance for {profile.name} ({gpus_per_node} GPUs per node)\n")
     print(guidance_markdown(rows, profile.algo.group_size))
     for g in rows:

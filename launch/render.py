@@ -99,21 +99,29 @@ def _placement_values(plan: AllocationPlan) -> dict[str, str]:
             "TRAINER_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_1",
             "rollout_srun": 'srun --het-group=0 --ntasks-per-node="$SERVERS_PER_NODE"',
             "trainer_group": "--het-group=1 ",
-            "trainer_tasks": '--ntasks-per-node="$TRAINER_TASKS_PER_NODE"',
+            "trainer_srun": 'srun --het-group=1 --ntasks-per-node="$TRAINER_TASKS_PER_NODE"',
         }
     serving_nodes = plan.rollout_nodes + (1 if plan.shared_servers else 0)
     hostnames = 'scontrol show hostnames "$SLURM_JOB_NODELIST"'
+    shared_node = plan.rollout_nodes + 1
+    later = (
+        f" and every GPU of the {plan.trainer_nodes - 1} node(s) after it" if plan.trainer_nodes > 1 else ""
+    )
     role_nodes = "\n".join(
         [
             f"# {plan.placement.value} placement: servers fill {plan.rollout_nodes} whole node(s), then GPUs "
-            f"0-{plan.shared_rollout_gpus - 1} of the last node; the trainer uses GPUs {plan.trainer_gpu_ids} there",
+            f"0-{plan.shared_rollout_gpus - 1} of node {shared_node};",
+            f"# the trainer uses GPUs {plan.trainer_gpu_ids} of node {shared_node}{later}",
             f"ROLLOUT_NODELIST=$({hostnames} | head -n {serving_nodes} | paste -sd,)",
-            f"TRAINER_NODELIST=$({hostnames} | tail -n 1)",
-            "# server i runs on line i (srun --distribution=arbitrary): $SERVERS_PER_NODE per whole node, "
-            f"{plan.shared_servers} on the last",
+            f"TRAINER_NODELIST=$({hostnames} | tail -n {plan.trainer_nodes} | paste -sd,)",
+            "# task i of a step runs on line i of its hostfile (srun --distribution=arbitrary)",
             f"{hostnames} \\",
-            f'    | awk -v last={plan.nodes} -v full="$SERVERS_PER_NODE" -v shared={plan.shared_servers} \\',
-            "        '{ n = (NR < last) ? full : shared; for (i = 0; i < n; i++) print }' > \"$RUN_DIR/rollout.hosts\"",
+            f'    | awk -v whole={plan.rollout_nodes} -v full="$SERVERS_PER_NODE" -v shared={plan.shared_servers} \\',
+            "        '{ n = (NR <= whole) ? full : (NR == whole + 1) ? shared : 0; "
+            'for (i = 0; i < n; i++) print }\' > "$RUN_DIR/rollout.hosts"',
+            f"{hostnames} | tail -n {plan.trainer_nodes} \\",
+            f'    | awk -v first={plan.trainer_tasks_first_node} -v full="$TRAINER_TASKS_PER_NODE" \\',
+            "        '{ n = (NR == 1) ? first : full; for (i = 0; i < n; i++) print }' > \"$RUN_DIR/trainer.hosts\"",
         ]
     )
     return {
@@ -124,7 +132,10 @@ def _placement_values(plan: AllocationPlan) -> dict[str, str]:
             f"--ntasks={plan.num_servers} --overlap"
         ),
         "trainer_group": "",
-        "trainer_tasks": '--nodes=1 --ntasks="$TRAINER_TASKS_PER_NODE" --nodelist="$TRAINER_HEAD" --overlap',
+        "trainer_srun": (
+            f'SLURM_HOSTFILE="$RUN_DIR/trainer.hosts" srun --distribution=arbitrary '
+            f"--ntasks={plan.trainer_world_size} --overlap"
+        ),
     }
 
 

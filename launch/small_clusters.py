@@ -10,8 +10,8 @@ Recommendations, in this order (each one a pure function of the simulated throug
   batch  the smallest candidate number of prompts per step whose throughput (75% split, the
          profile's eta) is within 10% of the largest candidate's: more updates per token without
          leaving GPUs idle (small clusters saturate at small batches);
-  split  the highest-throughput split (launch.plan_allocation.choose_rollout_fraction) among those
-         launch/placement.py can render: the trainer inside one node, or whole trainer nodes;
+  split  the highest-throughput split (launch.plan_allocation.choose_rollout_fraction); every
+         split of whole servers is renderable by launch/placement.py (cluster.placement=gpus);
   eta    the smallest eta in 1, 2, 4, 8 within 2% of the best throughput (fresher data for free);
   gain   async throughput over the better synchronous schedule at the same GPU count: eta = 0 on
          the same split, or colocated (every GPU generates, then every GPU trains).
@@ -68,16 +68,6 @@ def gpu_profile(p: SimProfile, gpus: int) -> SimProfile:
     return q
 
 
-def renderable(gpus: int, gpus_per_node: int, tp: int):
-    """Splits launch/placement.py can run: the trainer inside the last node, or whole nodes."""
-
-    def valid(rollout_units: int) -> bool:
-        trainer = gpus - rollout_units * tp
-        return 0 < trainer and (trainer < gpus_per_node or trainer % gpus_per_node == 0)
-
-    return valid
-
-
 def _with(p: SimProfile, **algo: int) -> SimProfile:
     q = copy.deepcopy(p)
     for key, value in algo.items():
@@ -85,7 +75,7 @@ def _with(p: SimProfile, **algo: int) -> SimProfile:
     return q
 
 
-def advise(profile: SimProfile, gpus: int, choose: Chooser, gpus_per_node: int = 8) -> Guidance:
+def advise(profile: SimProfile, gpus: int, choose: Chooser) -> Guidance:
     """`choose`: launch.plan_allocation.choose_rollout_fraction."""
     base = gpu_profile(profile, gpus)
     units, tp = base.cluster.nodes, base.cluster.rollout_tp
@@ -95,7 +85,7 @@ def advise(profile: SimProfile, gpus: int, choose: Chooser, gpus_per_node: int =
     batch = min(b for b, tps in by_batch.items() if tps >= (1 - BATCH_TOLERANCE) * top)
 
     sized = _with(base, batch_size=batch)
-    choice = choose(sized, renderable(gpus, gpus_per_node, tp))
+    choice = choose(sized, lambda rollout_units: True)
     split = copy.deepcopy(sized)
     split.cluster.rollout_fraction = choice.best.rollout_nodes / units
 

@@ -28,39 +28,38 @@ def cluster(nodes: int, **kw) -> ClusterConfig:
         (2, (Placement.gpus, 1, 4, 1, 4, 4)),
         (3, (Placement.gpus, 2, 2, 1, 6, 2)),
         (4, (Placement.nodes, 3, 0, 1, 8, 0)),
-        (64, (Placement.nodes, 48, 0, 16, 8, 0)),
+        (64, (Placement.nodes, 48, 0, 16, 128, 0)),
+        # 5 nodes: 30 rollout GPUs = 3 whole nodes + 6 of node 4; trainer GPUs 6, 7 of node 4 + node 5
+        (5, (Placement.gpus, 3, 6, 2, 10, 6)),
     ],
 )
 def test_auto_splits(nodes: int, expected: tuple) -> None:
     s = split_gpus(cluster(nodes), rollout_tp=1)
-    got = (s.placement, s.rollout_nodes, s.shared_rollout_gpus, s.trainer_nodes, s.trainer_gpus_per_node)
+    got = (s.placement, s.rollout_nodes, s.shared_rollout_gpus, s.trainer_nodes, s.trainer_gpus)
     assert (*got, s.trainer_first_gpu) == expected
 
 
 def test_shared_node_keeps_whole_servers() -> None:
     # TP 4 on one node: 6 rollout GPUs hold one whole server (4 GPUs); the trainer gets the other 4
     s = split_gpus(cluster(1), rollout_tp=4)
-    assert (s.shared_rollout_gpus, s.trainer_gpus_per_node, s.trainer_first_gpu) == (4, 4, 4)
+    assert (s.shared_rollout_gpus, s.trainer_gpus, s.trainer_first_gpu) == (4, 4, 4)
 
 
-def test_auto_falls_back_to_whole_nodes_when_the_trainer_would_span_nodes() -> None:
-    # 5 nodes: 40 * 0.75 = 30 rollout GPUs leave 10 trainer GPUs (> 8): whole nodes, 3 + 2
-    s = split_gpus(cluster(5), rollout_tp=1)
-    assert (s.placement, s.rollout_nodes, s.trainer_nodes) == (Placement.nodes, 3, 2)
+def test_trainer_spans_the_shared_node_and_whole_nodes() -> None:
+    # 4 x 8 at 21/32: 8 + 8 + 5 rollout GPUs; trainer GPUs 5-7 of node 3 and all 8 of node 4
+    s = split_gpus(cluster(4, rollout_fraction="0.65625"), rollout_tp=1)
+    assert (s.placement, s.rollout_nodes, s.shared_rollout_gpus, s.trainer_nodes) == (Placement.gpus, 2, 5, 2)
+    assert (s.trainer_gpus, s.trainer_gpus_first_node, s.trainer_first_gpu) == (11, 3, 5)
 
 
 def test_colocated_shares_every_gpu() -> None:
     s = split_gpus(cluster(1, placement=Placement.colocated), rollout_tp=2)
-    assert (s.shared_rollout_gpus, s.trainer_gpus_per_node, s.trainer_first_gpu) == (8, 8, 0)
+    assert (s.shared_rollout_gpus, s.trainer_gpus, s.trainer_first_gpu) == (8, 8, 0)
 
 
 @pytest.mark.parametrize(
     ("kw", "names"),
     [
-        (
-            {"nodes": 5, "placement": Placement.gpus},
-            ["cluster.placement=gpus", "10 trainer GPUs", "cluster.placement=nodes"],
-        ),
         ({"nodes": 2, "placement": Placement.colocated}, ["cluster.nodes=2", "cluster.nodes=1"]),
         ({"nodes": 1, "placement": Placement.nodes}, ["cluster.nodes>=2", "cluster.placement=gpus"]),
         ({"nodes": 1, "rollout_fraction": "0.1"}, ["leaves no whole server", "cluster.placement=colocated"]),
@@ -84,6 +83,18 @@ def test_plan_of_one_node_split() -> None:
 def test_plan_of_three_nodes() -> None:
     plan = plan_job(make_job(cluster={"nodes": 3}))
     assert (plan.nodes, plan.num_servers, plan.trainer_dp, plan.trainer_gpu_ids) == (3, 18, 6, "2,3,4,5,6,7")
+
+
+def test_plan_of_a_trainer_over_two_nodes() -> None:
+    plan = plan_job(make_job(cluster={"nodes": 4, "rollout_fraction": "0.65625"}))
+    assert (plan.num_servers, plan.trainer_nodes, plan.trainer_world_size, plan.trainer_dp) == (21, 2, 11, 11)
+    assert (plan.trainer_tasks_first_node, plan.trainer_tasks_per_node, plan.trainer_gpu_ids) == (
+        3,
+        8,
+        "5,6,7",
+    )
+    with pytest.raises(ValueError, match=r"trainer\.tp_size=2 must divide .*\[3, 8\]"):
+        plan_job(make_job(cluster={"nodes": 4, "rollout_fraction": "0.65625"}, trainer={"tp_size": 2}))
 
 
 def test_torch_backend_needs_one_trainer_gpu() -> None:

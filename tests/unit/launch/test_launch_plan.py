@@ -115,7 +115,10 @@ def test_configured_ports_are_kept() -> None:
             {"cluster": {"nodes": 1, "placement": Placement.nodes}},
             ["cluster.nodes=1", "cluster.nodes>=2", "cluster.placement=gpus"],
         ),
-        ({"cluster": {"nodes": 4, "rollout_fraction": 0.1}}, ["raise cluster.rollout_fraction"]),
+        (
+            {"cluster": {"nodes": 4, "rollout_fraction": 0.1, "placement": Placement.nodes}},
+            ["raise cluster.rollout_fraction"],
+        ),
         ({"rollout": {"tp_size": 3}}, ["rollout.tp_size=3", "[1, 2, 4, 8]"]),
         ({"rollout": {"tp_size": 16}}, ["rollout.tp_size=16"]),
         ({"cluster": {"servers_per_node": 5}, "rollout": {"tp_size": 2}}, ["cluster.servers_per_node<=4"]),

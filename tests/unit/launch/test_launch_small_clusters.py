@@ -1,6 +1,6 @@
 """Small-cluster guidance (launch/small_clusters.py) and the colocated schedule.
 
-The renderable splits are worked by hand; the guidance runs the real simulator on the paper
+The guidance runs the real simulator on the paper
 profile cut to few steps, and must return a split the placement can render, an eta from the
 candidates, and an async/sync gain computed from its own simulated rows.
 """
@@ -15,15 +15,9 @@ from launch.placement import colocated_schedule
 from launch.plan_allocation import choose_rollout_fraction
 from launch.plan_allocation import main as plan_allocation_main
 from launch.sim.profile import load_profile
-from launch.small_clusters import ETA_CANDIDATES, advise, gpu_profile, renderable
+from launch.small_clusters import ETA_CANDIDATES, advise, gpu_profile
 
 QUICK = ["run.warmup_steps=2", "run.measure_steps=2"]
-
-
-def test_renderable_splits_of_sixteen_gpus() -> None:
-    valid = renderable(16, 8, 1)
-    # trainer 1..7 GPUs share the last node; 8 is a whole node; 9..15 would span two nodes partly
-    assert [r for r in range(1, 16) if valid(r)] == [8, 9, 10, 11, 12, 13, 14, 15]
 
 
 def test_gpu_profile_makes_one_unit_per_server() -> None:
