@@ -233,7 +233,7 @@ def _print_guidance(profile: SimProfile, gpus: list[int], gpus_per_node: int) ->
     for g in rows:
         nodes = -(-g.gpus // gpus_per_node)
         print(
-            f"\n{g.gpus} GPUs: cluster.nodes={nodes} cluster.rollout_fraction={g.rollout_gpus / g.gpus:.4g} "
+            f"\n{g.gpus} GPUs: cluster.nodes={nodes} cluster.rollout_fraction={g.rollout_gpus / g.gpus:.6g} "
             f"algo.max_staleness={g.eta} algo.batch_size={g.batch_size}: {g.gain:.2f}x the best synchronous "
             "schedule"
         )
