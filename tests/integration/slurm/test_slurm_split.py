@@ -56,6 +56,36 @@ def test_split_pins_every_role_to_its_gpus(
     assert _snapshot(run_dir, "controller")["SLURMD_NODENAME"] == trainer[0]
 
 
+def test_trainer_spans_the_shared_node_and_a_whole_node(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    # 2 x 4 GPUs at 3/8: servers on GPUs 0-2 of n1; 5 trainer ranks: GPU 3 of n1, then all of n2
+    job_id, run_dir = submit(
+        slurm_cluster,
+        tmp_path,
+        "span",
+        "trainer=fsdp",  # the fake roles ignore it; the planner needs a multi-rank backend for 5 GPUs
+        "trainer.total_steps=3",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=4",
+        "cluster.rollout_fraction=0.375",
+    )
+    assert slurm_cluster.wait_until_done(job_id, timeout_s=120) == ["COMPLETED"]
+    servers = [_snapshot(run_dir, f"server{i}") for i in range(3)]
+    assert [(e["SLURMD_NODENAME"], e["CUDA_VISIBLE_DEVICES"]) for e in servers] == [
+        ("n1", "0"),
+        ("n1", "1"),
+        ("n1", "2"),
+    ]
+    ranks = [_snapshot(run_dir, f"trainer{r}") for r in range(5)]
+    assert {r["WORLD_SIZE"] for r in ranks} == {"5"}
+    assert (ranks[0]["SLURMD_NODENAME"], ranks[0]["CUDA_VISIBLE_DEVICES"], ranks[0]["LOCAL_RANK"]) == (
+        "n1",
+        "3",
+        "0",
+    )
+    assert [(r["SLURMD_NODENAME"], r["LOCAL_RANK"]) for r in ranks[1:]] == [("n2", str(i)) for i in range(4)]
+    assert all(r["CUDA_VISIBLE_DEVICES"] != "3" for r in ranks[1:])  # not pinned to n1's trainer GPU
+
+
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_one_node_split_trains_end_to_end(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
