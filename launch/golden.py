@@ -34,6 +34,10 @@ REFERENCES: dict[str, tuple[str, list[str]]] = {
     "math_qwen2_1p5b": ("math_qwen2_1p5b", []),
     "math_qwen2_1p5b_vllm": ("math_qwen2_1p5b", ["rollout/engine=vllm"]),
     "math_qwen2_7b": ("math_qwen2_7b", []),
+    # small clusters (docs/small-clusters.md): GPU-level splits 6 + 2, 12 + 4 and 18 + 6
+    "small_1x8": ("math_qwen2_1p5b", ["cluster.nodes=1"]),
+    "small_2x8": ("math_qwen2_1p5b", ["cluster.nodes=2"]),
+    "small_3x8": ("math_qwen2_1p5b", ["cluster.nodes=3"]),
     "code_qwen2_14b": (
         "code_qwen2_14b",
         [

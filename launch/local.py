@@ -3,7 +3,7 @@
 Builds the built-in tiny model if needed, writes RUN_DIR/config.yaml, starts the SGLang
 server(s), the rollout controller and the trainer as separate processes (logs in RUN_DIR/logs/,
 PIDs in RUN_DIR/pids.json), shows a progress bar from RUN_DIR/metrics.jsonl, and prints the
-final line from summary.json. trainer=megatron runs trainer.tp_size * pp_size * dp_size trainer
+final line from summary.json. trainer=megatron (and trainer=fsdp) run trainer.tp_size * pp_size * dp_size trainer
 processes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT as torchrun sets them): rank 0 logs to
 logs/trainer.log, rank r > 0 to logs/trainer-<r>.log.
 
@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 from areal_jobs.config import (
     ClusterKind,
     JobConfig,
+    Placement,
     TrainerBackend,
     register_configs,
     save_job_config,
@@ -39,6 +40,7 @@ from areal_jobs.config import (
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import read_jsonl
 from areal_jobs.report import final_line
+from launch.placement import colocated_schedule
 
 logger = logging.getLogger("launch.local")
 
@@ -115,7 +117,7 @@ def start_role(name: str, module: str, config: Path, env: dict[str, str], log: P
 def start_trainers(cfg: JobConfig, config: Path, env: dict[str, str], logs: Path) -> list[Role]:
     """One process per trainer rank, rank 0 first; they rendezvous on a free loopback port."""
     t = cfg.trainer
-    if t.backend is not TrainerBackend.megatron:
+    if t.backend is TrainerBackend.torch:
         return [start_role("trainer", "areal_jobs.trainer.main", config, env, logs / "trainer.log")]
     from areal_jobs.transport.discovery import free_port
 
@@ -161,6 +163,11 @@ def on_sigterm_interrupt() -> None:
 def launch(cfg: JobConfig) -> int:
     if cfg.cluster.kind is not ClusterKind.local:
         raise SystemExit("launch.local runs cluster=local only; submit cluster jobs with `make submit`")
+    if cfg.cluster.placement is Placement.colocated and cfg.algo.max_staleness:
+        # every role already shares this machine's devices; colocated also means: never generate
+        # while the trainer computes (a one-GPU box holds both, time-shared)
+        logger.info("cluster.placement=colocated: synchronous schedule, algo.max_staleness=0")
+        cfg = colocated_schedule(cfg)
     t0 = time.time()
     run_dir = cfg.run.dir.resolve()
     if prepare_run_dir(run_dir, cfg.checkpoint.resume):

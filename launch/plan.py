@@ -1,9 +1,12 @@
-"""Allocation planner: how one heterogeneous SLURM job splits its nodes between roles.
+"""Allocation planner: how one SLURM job splits its nodes and GPUs between roles.
 
-Pure functions of the config slices, no I/O. Group 0 gets `floor(nodes * rollout_fraction)` nodes
-of rollout servers (one per `rollout.tp_size` GPUs); group 1 gets the rest: one trainer task per GPU
-(Megatron TP x PP x DP, DP derived) plus the rollout controller on its first node. Every layout
-that cannot run raises ValueError naming the override to change.
+Pure functions of the config slices, no I/O. launch/placement.py decides which GPUs each role gets
+(`cluster.placement`): whole nodes (heterogeneous job: group 0 `floor(nodes * rollout_fraction)`
+rollout nodes, group 1 the rest), a GPU-level split (the last node shared by servers and trainer:
+1 x 8 GPUs -> 6 + 2), or colocated (one node, servers and trainer time-share every GPU). Rollout
+servers: one per `rollout.tp_size` GPUs; trainer: one task per trainer GPU (Megatron TP x PP x DP
+or FSDP DP, DP derived), the rollout controller on its first node. Every layout that cannot run
+raises ValueError naming the override to change.
 
 `cluster.rollout_fraction=auto` is resolved before planning, by the simulator one layer up
 (launch/plan_allocation.py `resolve_auto_fraction`: the split with the highest throughput among the
@@ -17,18 +20,19 @@ TP 1, trainer TP 1 x PP 1 -> 48 rollout nodes (384 GPUs, 384 servers) + 16 train
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from areal_jobs.config import (
     AlgoConfig,
     ClusterConfig,
     JobConfig,
+    Placement,
     RolloutConfig,
     TrainerBackend,
     TrainerConfig,
     WeightSyncConfig,
 )
+from launch.placement import GpuSplit, colocated_schedule, node_split, split_gpus
 
 # Ports used when the config leaves them at 0 ("any free port" only works on one machine).
 DEFAULT_SERVER_BASE_PORT = 30000
@@ -38,7 +42,10 @@ DEFAULT_WEIGHT_SYNC_PORT = 29700
 
 @dataclass(frozen=True)
 class AllocationPlan:
-    """The layout of one heterogeneous job: group 0 = rollout, group 1 = trainer + controller."""
+    """The layout of one job. Placement nodes: group 0 = rollout nodes, group 1 = trainer nodes +
+    controller. gpus / colocated: one job; the first trainer node also hosts `shared_rollout_gpus`
+    GPUs of servers (from GPU 0), the trainer uses its GPUs from `trainer_first_gpu` on
+    (`trainer_tasks_first_node` ranks there) and `trainer_tasks_per_node` on each later node."""
 
     gpus_per_node: int
     rollout_nodes: int
@@ -54,29 +61,66 @@ class AllocationPlan:
     weight_sync_port: int  # store of the weight-broadcast group, on the first trainer node
     trainer_master_port: int  # torch.distributed MASTER_PORT of the trainer ranks
     rollout_fraction: float = 0.0  # the split used (resolved when cluster.rollout_fraction=auto)
+    placement: Placement = Placement.nodes  # resolved (never auto)
+    shared_rollout_gpus: int = 0  # gpus / colocated: rollout GPUs on the trainer's node
+    trainer_first_gpu: int = 0  # gpus: the trainer's GPUs on its first node start here
+    trainer_tasks_first_node: int = 0  # gpus / colocated: ranks on the first trainer node
 
     @property
     def nodes(self) -> int:
         return self.rollout_nodes + self.trainer_nodes
 
     @property
+    def shared_servers(self) -> int:
+        return self.shared_rollout_gpus // self.rollout_tp
+
+    @property
     def num_servers(self) -> int:
-        return self.rollout_nodes * self.servers_per_node
+        return self.rollout_nodes * self.servers_per_node + self.shared_servers
 
     @property
     def rollout_gpus(self) -> int:
-        return self.rollout_nodes * self.gpus_per_node
+        return self.rollout_nodes * self.gpus_per_node + self.shared_rollout_gpus
 
     @property
     def trainer_gpus(self) -> int:
-        return self.trainer_nodes * self.gpus_per_node
+        """GPUs of the trainer: its whole nodes, or one per rank on shared nodes."""
+        if self.placement is Placement.nodes:
+            return self.trainer_nodes * self.gpus_per_node
+        return self.trainer_world_size
 
     @property
     def trainer_world_size(self) -> int:
-        return self.trainer_nodes * self.trainer_tasks_per_node
+        if self.placement is Placement.nodes:
+            return self.trainer_nodes * self.trainer_tasks_per_node
+        return self.trainer_tasks_first_node + (self.trainer_nodes - 1) * self.trainer_tasks_per_node
+
+    @property
+    def trainer_gpu_ids(self) -> str:
+        """CUDA_VISIBLE_DEVICES of the trainer ranks on the first trainer node ("" = every GPU)."""
+        if self.placement is Placement.nodes:
+            return ""
+        first = self.trainer_first_gpu
+        return ",".join(str(i) for i in range(first, first + self.trainer_tasks_first_node))
 
     def describe(self) -> str:
         """One line for the script header and the submit output."""
+        trainer = f"TP {self.trainer_tp} x PP {self.trainer_pp} x DP {self.trainer_dp}"
+        if self.placement is Placement.colocated:
+            return (
+                f"1 node x {self.gpus_per_node} GPUs, colocated: {self.num_servers} servers of TP {self.rollout_tp} "
+                f"and {self.trainer_world_size} trainer ranks ({trainer}) time-share GPUs "
+                f"{self.trainer_gpu_ids} (synchronous: algo.max_staleness=0)"
+            )
+        if self.placement is Placement.gpus:
+            later = self.trainer_nodes - 1
+            return (
+                f"{self.nodes} nodes x {self.gpus_per_node} GPUs, GPU-level split {self.rollout_gpus} + "
+                f"{self.trainer_gpus}: {self.num_servers} servers of TP {self.rollout_tp} on {self.rollout_nodes} "
+                f"whole nodes + GPUs 0-{self.shared_rollout_gpus - 1} of node {self.rollout_nodes + 1}; "
+                f"{self.trainer_world_size} trainer ranks ({trainer}) on GPUs {self.trainer_gpu_ids} of node "
+                f"{self.rollout_nodes + 1}" + (f" + {later} whole nodes" if later else "")
+            )
         return (
             f"{self.nodes} nodes x {self.gpus_per_node} GPUs = {self.rollout_nodes} rollout nodes "
             f"({self.rollout_gpus} GPUs, {self.num_servers} servers of TP {self.rollout_tp}) + "
@@ -86,21 +130,9 @@ class AllocationPlan:
 
 
 def split_nodes(cluster: ClusterConfig) -> tuple[int, int]:
-    """(rollout nodes, trainer nodes): the rollout share is rounded down (fraction < 1, so at least
-    one trainer node remains) and must leave at least one rollout node."""
-    if cluster.nodes < 2:
-        raise ValueError(
-            f"cluster.nodes={cluster.nodes}: a heterogeneous job needs at least one rollout node and one "
-            "trainer node: set cluster.nodes>=2 (or cluster=local to run on this machine)"
-        )
-    # the epsilon keeps 30 * 0.7 = 20.999... from rounding down to 20
-    rollout_nodes = math.floor(cluster.nodes * cluster.rollout_share + 1e-9)
-    if rollout_nodes < 1:
-        raise ValueError(
-            f"cluster.rollout_fraction={cluster.rollout_fraction} of cluster.nodes={cluster.nodes} leaves no "
-            "rollout node: raise cluster.rollout_fraction or cluster.nodes"
-        )
-    return rollout_nodes, cluster.nodes - rollout_nodes
+    """(rollout nodes, trainer nodes) of the whole-node layout (launch/placement.node_split)."""
+    split = node_split(cluster)
+    return split.rollout_nodes, split.trainer_nodes
 
 
 def _servers_per_node(cluster: ClusterConfig, rollout: RolloutConfig) -> int:
@@ -121,23 +153,26 @@ def _servers_per_node(cluster: ClusterConfig, rollout: RolloutConfig) -> int:
 
 
 def _trainer_layout(
-    cluster: ClusterConfig, trainer: TrainerConfig, algo: AlgoConfig, trainer_nodes: int
-) -> tuple[int, int, int, int]:
-    """(tasks per node, tp, pp, dp) of the trainer group."""
-    gpus = trainer_nodes * cluster.gpus_per_node
+    cluster: ClusterConfig, trainer: TrainerConfig, algo: AlgoConfig, split: GpuSplit
+) -> tuple[int, int, int, int, int]:
+    """(tasks per node, tasks on the first node, tp, pp, dp) of the trainer."""
+    gpus, first = split.trainer_gpus, split.trainer_gpus_first_node
     if trainer.backend is TrainerBackend.torch:
         if gpus != 1:
             raise ValueError(
-                f"trainer.backend=torch runs one process, but the trainer group has {gpus} GPUs "
-                f"({trainer_nodes} nodes x cluster.gpus_per_node={cluster.gpus_per_node}): use "
-                "trainer=megatron, or cluster.gpus_per_node=1 with one trainer node"
+                f"trainer.backend=torch runs one process, but the trainer has {gpus} GPUs "
+                f"({split.trainer_nodes} nodes, cluster.placement={split.placement.value}): use "
+                "trainer=fsdp or trainer=megatron, or give the trainer one GPU (cluster.gpus_per_node=1, "
+                "or cluster.rollout_fraction so that one trainer GPU remains)"
             )
-        return 1, 1, 1, 1
+        return 1, 1, 1, 1, 1
     tp, pp = trainer.tp_size, trainer.pp_size
-    if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
+    per_node = {first} | ({cluster.gpus_per_node} if split.trainer_nodes > 1 else set())
+    if any(n % tp for n in per_node):
         raise ValueError(
-            f"trainer.tp_size={tp} must divide cluster.gpus_per_node={cluster.gpus_per_node} "
-            "(tensor parallelism stays inside a node): lower trainer.tp_size"
+            f"trainer.tp_size={tp} must divide the trainer's GPUs on each node ({sorted(per_node)}: "
+            "tensor parallelism stays inside a node): lower trainer.tp_size, or change "
+            "cluster.rollout_fraction / cluster.placement"
         )
     if gpus % (tp * pp):
         raise ValueError(
@@ -156,7 +191,7 @@ def _trainer_layout(
             f"algo.batch_size={algo.batch_size} x algo.group_size={algo.group_size} = {samples} samples per "
             f"step cannot feed {dp} data-parallel ranks: raise algo.batch_size or lower cluster.nodes"
         )
-    return cluster.gpus_per_node, tp, pp, dp
+    return cluster.gpus_per_node, first, tp, pp, dp
 
 
 def _check_ports(plan: AllocationPlan, loopback: bool) -> None:
@@ -192,15 +227,17 @@ def plan_allocation(
     weight_sync: WeightSyncConfig,
 ) -> AllocationPlan:
     """Decide the layout of the heterogeneous job, or raise ValueError naming the override."""
-    rollout_nodes, trainer_nodes = split_nodes(cluster)
     servers_per_node = _servers_per_node(cluster, rollout)
-    tasks_per_node, tp, pp, dp = _trainer_layout(cluster, trainer, algo, trainer_nodes)
+    split = split_gpus(cluster, rollout.tp_size)
+    tasks_per_node, first_tasks, tp, pp, dp = _trainer_layout(cluster, trainer, algo, split)
+    if trainer.backend is TrainerBackend.torch:
+        tasks_per_node = 1
     plan = AllocationPlan(
         gpus_per_node=cluster.gpus_per_node,
-        rollout_nodes=rollout_nodes,
+        rollout_nodes=split.rollout_nodes,
         servers_per_node=servers_per_node,
         rollout_tp=rollout.tp_size,
-        trainer_nodes=trainer_nodes,
+        trainer_nodes=split.trainer_nodes,
         trainer_tasks_per_node=tasks_per_node,
         trainer_tp=tp,
         trainer_pp=pp,
@@ -210,6 +247,10 @@ def plan_allocation(
         weight_sync_port=weight_sync.master_port or DEFAULT_WEIGHT_SYNC_PORT,
         trainer_master_port=cluster.master_port,
         rollout_fraction=cluster.rollout_share,
+        placement=split.placement,
+        shared_rollout_gpus=split.shared_rollout_gpus,
+        trainer_first_gpu=split.trainer_first_gpu,
+        trainer_tasks_first_node=first_tasks,
     )
     _check_ports(plan, cluster.loopback)
     return plan
@@ -235,7 +276,7 @@ def apply_plan(job: JobConfig, plan: AllocationPlan) -> JobConfig:
     """The config every role reads: server count, derived DP and the fixed ports written in."""
     replace = dataclasses.replace
     return replace(
-        job,
+        colocated_schedule(job) if plan.placement is Placement.colocated else job,
         rollout=replace(
             job.rollout,
             num_servers=plan.num_servers,

@@ -3,6 +3,8 @@
     python -m launch.plan_allocation                                  # paper_1p5b profile, 64 nodes
     python -m launch.plan_allocation --profile trainer_heavy_7b cluster.nodes=32
     python -m launch.submit experiment=math_qwen2_1p5b cluster.rollout_fraction=auto
+    python -m launch.plan_allocation --gpus 8,16,32 --profile paper_1p5b   # small clusters: split,
+                                            # eta, batch, async/sync gain (launch/small_clusters.py)
 
 For each candidate split (whole nodes), the asynchronous schedule of launch/sim runs on the
 profile and the split with the highest trained tokens/s wins. The 75% split is always a candidate
@@ -197,11 +199,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", default="paper_1p5b", help="conf/sim/<name>.yaml or a YAML path")
     parser.add_argument(
+        "--gpus",
+        default="",
+        help="small clusters: GPU counts (e.g. 8,16,32) to advise split, eta and batch for",
+    )
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="with --gpus: GPUs per node")
+    parser.add_argument(
         "overrides", nargs="*", help="profile overrides, e.g. cluster.nodes=32 algo.max_staleness=8"
     )
     args = parser.parse_args(argv)
     try:
         profile = load_profile(args.profile, args.overrides)
+        if args.gpus:
+            return _print_guidance(profile, [int(g) for g in args.gpus.split(",")], args.gpus_per_node)
         choice = choose_rollout_fraction(profile)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -211,6 +221,22 @@ def main(argv: list[str] | None = None) -> int:
         f"## Rollout fraction for {profile.name}: {c.nodes} nodes x {c.gpus_per_node} GPUs, eta={profile.algo.max_staleness}\n"
     )
     print(choice.explain(c.nodes))
+    return 0
+
+
+def _print_guidance(profile: SimProfile, gpus: list[int], gpus_per_node: int) -> int:
+    from launch.small_clusters import advise, guidance_markdown
+
+    rows = [advise(profile, n, choose_rollout_fraction) for n in gpus]
+    print(f"## Small-cluster guidance for {profile.name} ({gpus_per_node} GPUs per node)\n")
+    print(guidance_markdown(rows, profile.algo.group_size))
+    for g in rows:
+        nodes = -(-g.gpus // gpus_per_node)
+        print(
+            f"\n{g.gpus} GPUs: cluster.nodes={nodes} cluster.rollout_fraction={g.rollout_gpus / g.gpus:.6g} "
+            f"algo.max_staleness={g.eta} algo.batch_size={g.batch_size}: {g.gain:.2f}x the best synchronous "
+            "schedule"
+        )
     return 0
 
 

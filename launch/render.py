@@ -13,7 +13,7 @@ import shlex
 import string
 from pathlib import Path, PurePosixPath
 
-from areal_jobs.config import ClusterConfig, JobConfig, RolloutEngine
+from areal_jobs.config import ClusterConfig, JobConfig, Placement, RolloutEngine
 from launch.plan import AllocationPlan
 
 TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "sbatch" / "hetjob.sbatch.tmpl"
@@ -80,12 +80,63 @@ def sbatch_header(job: JobConfig, plan: AllocationPlan) -> str:
     ]
     if cluster.requeue_signal_s:
         lines.append(f"#SBATCH --signal=B:USR1@{cluster.requeue_signal_s}")
+    if plan.placement is not Placement.nodes:  # one job over whole nodes, split per step
+        title = f"rollout servers + trainer + rollout controller ({plan.placement.value} placement)"
+        return "\n".join(lines + _component(cluster, title, plan.nodes, cluster.gpus_per_node))
     lines += _component(cluster, "0 = rollout servers", plan.rollout_nodes, plan.servers_per_node)
     lines.append("#SBATCH hetjob")
     lines += _component(
         cluster, "1 = trainer + rollout controller", plan.trainer_nodes, plan.trainer_tasks_per_node
     )
     return "\n".join(lines)
+
+
+def _placement_values(plan: AllocationPlan) -> dict[str, str]:
+    """The lines that differ between a heterogeneous job and a GPU-level split."""
+    if plan.placement is Placement.nodes:
+        return {
+            "role_nodes": "ROLLOUT_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_0\n"
+            "TRAINER_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_1",
+            "rollout_srun": 'srun --het-group=0 --ntasks-per-node="$SERVERS_PER_NODE"',
+            "trainer_group": "--het-group=1 ",
+            "trainer_srun": 'srun --het-group=1 --ntasks-per-node="$TRAINER_TASKS_PER_NODE"',
+        }
+    serving_nodes = plan.rollout_nodes + (1 if plan.shared_servers else 0)
+    hostnames = 'scontrol show hostnames "$SLURM_JOB_NODELIST"'
+    shared_node = plan.rollout_nodes + 1
+    later = (
+        f" and every GPU of the {plan.trainer_nodes - 1} node(s) after it" if plan.trainer_nodes > 1 else ""
+    )
+    role_nodes = "\n".join(
+        [
+            f"# {plan.placement.value} placement: servers fill {plan.rollout_nodes} whole node(s), then GPUs "
+            f"0-{plan.shared_rollout_gpus - 1} of node {shared_node};",
+            f"# the trainer uses GPUs {plan.trainer_gpu_ids} of node {shared_node}{later}",
+            f"ROLLOUT_NODELIST=$({hostnames} | head -n {serving_nodes} | paste -sd,)",
+            f"TRAINER_NODELIST=$({hostnames} | tail -n {plan.trainer_nodes} | paste -sd,)",
+            "# task i of a step runs on line i of its hostfile (srun --distribution=arbitrary)",
+            f"{hostnames} \\",
+            f'    | awk -v whole={plan.rollout_nodes} -v full="$SERVERS_PER_NODE" -v shared={plan.shared_servers} \\',
+            "        '{ n = (NR <= whole) ? full : (NR == whole + 1) ? shared : 0; "
+            'for (i = 0; i < n; i++) print }\' > "$RUN_DIR/rollout.hosts"',
+            f"{hostnames} | tail -n {plan.trainer_nodes} \\",
+            f'    | awk -v first={plan.trainer_tasks_first_node} -v full="$TRAINER_TASKS_PER_NODE" \\',
+            "        '{ n = (NR == 1) ? first : full; for (i = 0; i < n; i++) print }' > \"$RUN_DIR/trainer.hosts\"",
+        ]
+    )
+    return {
+        "role_nodes": role_nodes,
+        # every step sees the node's GPUs (--overlap) and pins its own with CUDA_VISIBLE_DEVICES
+        "rollout_srun": (
+            f'SLURM_HOSTFILE="$RUN_DIR/rollout.hosts" srun --distribution=arbitrary '
+            f"--ntasks={plan.num_servers} --overlap"
+        ),
+        "trainer_group": "",
+        "trainer_srun": (
+            f'SLURM_HOSTFILE="$RUN_DIR/trainer.hosts" srun --distribution=arbitrary '
+            f"--ntasks={plan.trainer_world_size} --overlap"
+        ),
+    }
 
 
 def _srun_container(cluster: ClusterConfig) -> str:
@@ -150,6 +201,9 @@ def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = N
         "requeue_signal_s": str(job.cluster.requeue_signal_s),
         "nccl_exports": _nccl_exports(job.cluster),
         "srun_container": _srun_container(job.cluster),
+        "placement": plan.placement.value,
+        "trainer_gpus": plan.trainer_gpu_ids or '""',
+        **_placement_values(plan),
     }
     tmpl = SbatchTemplate(text)
     unused = set(values) - set(tmpl.get_identifiers())

@@ -8,7 +8,7 @@ component only its own slice. Everything is re-exported here: `from areal_jobs.c
 """
 
 from areal_jobs.config.algo import Advantage, AlgoConfig
-from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig
+from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig, Placement
 from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
 from areal_jobs.config.job import (
     JobConfig,
@@ -37,6 +37,7 @@ __all__ = [
     "CheckpointConfig",
     "ClusterConfig",
     "ClusterKind",
+    "Placement",
     "DType",
     "DataConfig",
     "Dataset",

@@ -12,6 +12,15 @@ class ClusterKind(enum.Enum):
     slurm = "slurm"  # one heterogeneous SLURM job rendered by launch.render
 
 
+class Placement(enum.Enum):
+    """How roles share the GPUs (launch/placement.py)."""
+
+    auto = "auto"  # whole nodes where the rollout fraction splits the nodes exactly, else GPU-level
+    nodes = "nodes"  # heterogeneous job: rollout nodes + trainer nodes (needs cluster.nodes >= 2)
+    gpus = "gpus"  # one job, GPU-level split: the last node hosts rollout servers and the trainer
+    colocated = "colocated"  # one node: servers and trainer time-share every GPU (synchronous, eta 0)
+
+
 # SLURM --time: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"
 _SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")
 
@@ -31,6 +40,7 @@ class ClusterConfig:
     # simulates the job under `allocation_profile` and picks the split with the highest throughput.
     # A string so that "auto" is accepted; numbers are normalised and checked in __post_init__.
     rollout_fraction: str = "0.75"
+    placement: Placement = Placement.auto  # whole nodes, a GPU-level split, or colocated (see Placement)
     allocation_profile: str = "paper_1p5b"  # conf/sim/<name>.yaml (or a path) used by rollout_fraction=auto
     servers_per_node: int = 0  # rollout servers per node; 0 = gpus_per_node / rollout.tp_size
     partition: str = ""  # --partition; empty = the cluster's default partition

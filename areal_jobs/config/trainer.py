@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class TrainerBackend(enum.Enum):
     torch = "torch"  # Hugging Face model class, plain torch (CPU and small runs)
     megatron = "megatron"  # Megatron-Core GPTModel with TP/PP/DP
+    fsdp = "fsdp"  # Hugging Face model sharded with torch FSDP2 (fully_shard), DP ranks only
 
 
 class WeightSync(enum.Enum):
@@ -38,13 +39,21 @@ class TrainerConfig:
     seed: int = 1
     tp_size: int = 1  # megatron only
     pp_size: int = 1  # megatron only
-    dp_size: int = 1  # megatron only; trainer processes = tp * pp * dp
+    dp_size: int = 1  # megatron and fsdp; trainer processes = tp * pp * dp
     megatron_vocab_multiple: int = 128  # megatron only: vocab padded to a multiple of this; tp must divide it
     batch_wait_timeout_s: float = 1800.0  # no trajectories for this long = rollout side is dead
+    # fsdp only: compute in bfloat16 with float32 parameters and gradient reduction (model.dtype=float32)
+    fsdp_mixed_precision: bool = False
+    fsdp_activation_checkpointing: bool = False  # fsdp only: recompute each decoder layer in backward
 
     def __post_init__(self) -> None:
         if self.backend is TrainerBackend.torch and self.tp_size * self.pp_size * self.dp_size != 1:
             raise ValueError("trainer.backend=torch runs one process: use trainer=megatron for TP/PP/DP")
+        if self.backend is TrainerBackend.fsdp and self.tp_size * self.pp_size != 1:
+            raise ValueError(
+                "trainer.backend=fsdp shards over data-parallel ranks only: set trainer.tp_size=1 and "
+                "trainer.pp_size=1 (or use trainer=megatron)"
+            )
         if self.total_steps < 1:
             raise ValueError("trainer.total_steps must be >= 1")
         if self.max_tokens_per_microbatch < 16:

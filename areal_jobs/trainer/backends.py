@@ -9,11 +9,15 @@ from areal_jobs.trainer.ranks import RankChannel, command_timeout_s
 
 
 def join_ranks(cfg: JobConfig) -> RankChannel:
-    """Megatron: join the trainer's process group first, on every rank (before ZeroMQ or anything)."""
-    if cfg.trainer.backend is not TrainerBackend.megatron:
+    """Megatron and FSDP: join the trainer's process group first, on every rank (before ZeroMQ
+    or anything)."""
+    backend = cfg.trainer.backend
+    if backend is TrainerBackend.megatron:
+        from areal_jobs.trainer.megatron_backend import init_distributed
+    elif backend is TrainerBackend.fsdp:
+        from areal_jobs.trainer.fsdp_backend import init_distributed
+    else:
         return RankChannel.single()
-    from areal_jobs.trainer.megatron_backend import init_distributed
-
     init_distributed(cfg.trainer)
     return RankChannel.join(command_timeout_s(cfg))
 
@@ -25,13 +29,17 @@ def build_backend(cfg: JobConfig) -> TrainBackend:
         from areal_jobs.trainer.megatron_backend import MegatronBackend
 
         return MegatronBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
+    if cfg.trainer.backend is TrainerBackend.fsdp:
+        from areal_jobs.trainer.fsdp_backend import FSDPBackend
+
+        return FSDPBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
     from areal_jobs.trainer.torch_backend import TorchBackend
 
     return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
 
 
 def pipeline_stage(cfg: JobConfig, rank: int) -> int:
-    """Megatron's global rank order: tp fastest, then dp, then pp."""
+    """Megatron's global rank order: tp fastest, then dp, then pp (FSDP: one stage, rank 0 sends)."""
     return rank // (cfg.trainer.tp_size * cfg.trainer.dp_size)
 
 
@@ -39,5 +47,9 @@ def leave_ranks(cfg: JobConfig) -> None:
     """After a clean run: leave the process group `join_ranks` joined."""
     if cfg.trainer.backend is TrainerBackend.megatron:
         from areal_jobs.trainer.megatron_backend import shutdown_distributed
+
+        shutdown_distributed()
+    elif cfg.trainer.backend is TrainerBackend.fsdp:
+        from areal_jobs.trainer.fsdp_backend import shutdown_distributed
 
         shutdown_distributed()

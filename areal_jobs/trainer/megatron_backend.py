@@ -49,9 +49,10 @@ from safetensors.torch import save_file
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
-from areal_jobs.data.packing import balanced_microbatches, pack
+from areal_jobs.data.packing import pack
 from areal_jobs.trainer import megatron_model, megatron_weights
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.dp_plan import plan_microbatches  # noqa: F401 - also imported from here
 from areal_jobs.trainer.loss import LossStats, decoupled_ppo_loss
 from areal_jobs.trainer.megatron_convert import ModelDims, ParamMap, param_maps
 
@@ -112,29 +113,6 @@ def shutdown_distributed() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def plan_microbatches(lengths: Sequence[int], dp_size: int, max_tokens: int) -> list[list[list[int]]]:
-    """Sample indices per DP rank per micro-batch: DP shares balanced by tokens (largest first),
-    each packed under `max_tokens`, with the same micro-batch count on every rank ([] = empty)."""
-    shares: list[list[int]] = [[] for _ in range(dp_size)]
-    if lengths:
-        by_share = balanced_microbatches(lengths, max(sum(lengths), 1), min_count=dp_size)
-        for rank, share in enumerate(by_share):
-            shares[rank] = share
-    count = 1
-    while True:
-        plans = [
-            balanced_microbatches([lengths[i] for i in share], max_tokens, min_count=count)
-            for share in shares
-        ]
-        if max(len(p) for p in plans) <= count:
-            break
-        count = max(len(p) for p in plans)
-    return [
-        [[share[i] for i in mb] for mb in plan] + [[]] * (count - len(plan))
-        for share, plan in zip(shares, plans, strict=True)
-    ]
 
 
 @dataclass

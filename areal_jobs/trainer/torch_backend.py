@@ -37,14 +37,17 @@ _TOKENIZER_FILES = (
 )
 
 
-def token_logprobs(model: torch.nn.Module, samples: list[TrainSample]) -> list[torch.Tensor]:
+def token_logprobs(
+    model: torch.nn.Module, samples: list[TrainSample], device: torch.device | None = None
+) -> list[torch.Tensor]:
     """Log-probs of every output token of every sample under `model`, from one packed forward.
 
-    Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled).
+    Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled), on `device`
+    (the FSDP backend's GPU; None = CPU).
     """
     packed = pack([s.input_ids for s in samples])
-    input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0)
-    position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0)
+    input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
+    position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0).to(device)
     logits = (
         model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0].float()
     )  # [T, V]

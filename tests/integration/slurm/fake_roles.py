@@ -98,8 +98,9 @@ def trainer(cfg: dict, run_dir: Path) -> None:
             time.sleep(STEP_S)
             step += 1
             # tmp + rename: the test polls this file and must never read it half written
-            (run_dir / "fake" / "progress.tmp").write_text(str(step))
-            (run_dir / "fake" / "progress.tmp").replace(run_dir / "fake" / "progress")
+            tmp = run_dir / "fake" / f"progress.tmp{os.environ['RANK']}"  # one per rank: no race
+            tmp.write_text(str(step))
+            tmp.replace(run_dir / "fake" / "progress")
     except Checkpoint:
         ckpt.parent.mkdir(exist_ok=True)
         ckpt.write_text(str(step))

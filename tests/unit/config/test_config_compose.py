@@ -73,3 +73,17 @@ def test_bad_overrides_are_rejected(override, error):
 def test_cross_field_errors_name_the_override(override, fragment):
     with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
         job(override)
+
+
+def test_fsdp_trainer_group_and_its_errors():
+    cfg = job("trainer=fsdp", "trainer.dp_size=2", "trainer.fsdp_mixed_precision=true")
+    assert (cfg.trainer.backend.value, cfg.trainer.dp_size, cfg.trainer.fsdp_mixed_precision) == (
+        "fsdp",
+        2,
+        True,
+    )
+    assert cfg.cluster.placement.value == "auto"
+    with pytest.raises(ValueError, match=r"trainer\.tp_size=1"):
+        job("trainer=fsdp", "trainer.tp_size=2")
+    with pytest.raises(Exception, match=r"cluster\.placement=halves"):  # Hydra names the bad Enum value
+        job("cluster.placement=halves")

@@ -10,6 +10,7 @@ from areal_jobs.config import (
     ClusterConfig,
     ClusterKind,
     JobConfig,
+    Placement,
     RolloutConfig,
     TrainerBackend,
     TrainerConfig,
@@ -110,8 +111,14 @@ def test_configured_ports_are_kept() -> None:
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [
-        ({"cluster": {"nodes": 1}}, ["cluster.nodes=1", "cluster.nodes>=2"]),
-        ({"cluster": {"nodes": 4, "rollout_fraction": 0.1}}, ["raise cluster.rollout_fraction"]),
+        (
+            {"cluster": {"nodes": 1, "placement": Placement.nodes}},
+            ["cluster.nodes=1", "cluster.nodes>=2", "cluster.placement=gpus"],
+        ),
+        (
+            {"cluster": {"nodes": 4, "rollout_fraction": 0.1, "placement": Placement.nodes}},
+            ["raise cluster.rollout_fraction"],
+        ),
         ({"rollout": {"tp_size": 3}}, ["rollout.tp_size=3", "[1, 2, 4, 8]"]),
         ({"rollout": {"tp_size": 16}}, ["rollout.tp_size=16"]),
         ({"cluster": {"servers_per_node": 5}, "rollout": {"tp_size": 2}}, ["cluster.servers_per_node<=4"]),

@@ -103,7 +103,8 @@ def test_srun_lines_start_each_role_in_its_group() -> None:
 
 def test_discovery_token_and_trap_are_in_the_script() -> None:
     script = render(make_job())
-    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_1"' in script
+    assert "TRAINER_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_1" in script
+    assert 'scontrol show hostnames "$TRAINER_NODELIST"' in script
     assert 'export MASTER_ADDR="$CONTROLLER_HOST" MASTER_PORT=29500' in script
     assert "/dev/urandom" in script and "umask 077" in script and "export AREAL_JOB_TOKEN" in script
     assert "trap on_usr1 USR1" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script

@@ -148,7 +148,10 @@ def test_help_explains_usage_and_lists_groups(fake_sbatch) -> None:
     [
         ("cluster.nodes=banana", ["cluster.nodes", "'banana'", "Integer"]),
         ("cluster.nodez=3", ["cluster.nodez", "not in 'ClusterConfig'"]),
-        ("cluster.nodes=1", ["cluster.nodes=1", "cluster.nodes>=2", "nothing was submitted"]),
+        (
+            "cluster.placement=colocated",
+            ["cluster.placement=colocated", "cluster.nodes=1", "nothing was submitted"],
+        ),
         ("cluster.time_limit=forever", ["cluster.time_limit", "nothing was submitted"]),
     ],
 )
