@@ -92,8 +92,17 @@ def ppo_loss(
     token entropy, for the report only. ref_logp: needed when algo.kl_coef > 0.
     """
     shape = logp.shape
-    if not (prox_logp.shape == behav_logp.shape == advantages.shape == token_weight.shape == seq_index.shape == shape):
-        raise ValueError("logp, prox_logp, behav_logp, advantages, token_weight and seq_index must share one shape [T]")
+    if not (
+        prox_logp.shape
+        == behav_logp.shape
+        == advantages.shape
+        == token_weight.shape
+        == seq_index.shape
+        == shape
+    ):
+        raise ValueError(
+            "logp, prox_logp, behav_logp, advantages, token_weight and seq_index must share one shape [T]"
+        )
     if algo.kl_coef > 0 and ref_logp is None:
         raise ValueError("algo.kl_coef > 0 needs the reference log-probs")
     dtype = logp.dtype

@@ -270,7 +270,8 @@ class MegatronBackend:
         # one optimiser step over the whole batch (algo.ppo_minibatches > 1 is refused in config)
         agg = token_weights([s.mask() for s in batch.samples], self._algo.loss_agg, batch.max_new_tokens)
         microbatches = [
-            self._microbatch([batch.samples[i] for i in mb], [agg[i] for i in mb]) for mb in plan[self._dp_rank]
+            self._microbatch([batch.samples[i] for i in mb], [agg[i] for i in mb])
+            for mb in plan[self._dp_rank]
         ]
 
         if self._algo.decoupled:

@@ -141,7 +141,9 @@ class TorchBackend:
             agg = dict(
                 zip(
                     minibatch,
-                    token_weights([samples[i].mask() for i in minibatch], self.algo.loss_agg, batch.max_new_tokens),
+                    token_weights(
+                        [samples[i].mask() for i in minibatch], self.algo.loss_agg, batch.max_new_tokens
+                    ),
                     strict=True,
                 )
             )

@@ -73,3 +73,18 @@ def test_bad_overrides_are_rejected(override, error):
 def test_cross_field_errors_name_the_override(override, fragment):
     with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
         job(override)
+
+
+def test_backend_refuses_knobs_it_does_not_implement():
+    """issue 18: a knob a backend does not implement is refused naming the override and who has it."""
+    from areal_jobs.config import AlgoConfig, JobConfig, TrainerBackend, TrainerConfig
+    from areal_jobs.config.support import LIMITED
+
+    for name in LIMITED:
+        value = {"ppo_minibatches": 2, "kl_coef": 0.1}[name]
+        algo = AlgoConfig(**{name: value})
+        JobConfig(algo=algo)  # torch implements it
+        with pytest.raises(
+            ValueError, match=rf"algo.{name}={value} is not implemented by trainer=megatron.*trainer=torch"
+        ):
+            JobConfig(algo=algo, trainer=TrainerConfig(backend=TrainerBackend.megatron))

@@ -87,7 +87,9 @@ def test_loss_and_gradient_match_the_scalar_reference(case, seed):
     th = theta.clone().requires_grad_()
     loss, stats = ppo_loss(th, prox, behav, adv, weight, seqs, algo)
     loss.backward()
-    expected, grad = reference(theta.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), weight.tolist(), seqs.tolist(), algo)
+    expected, grad = reference(
+        theta.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), weight.tolist(), seqs.tolist(), algo
+    )
     assert float(loss) == pytest.approx(expected, rel=1e-12, abs=1e-14)
     np.testing.assert_allclose(th.grad.numpy(), grad, rtol=1e-12, atol=1e-14)
     assert th.grad[[2, 3, 5, 20]].abs().sum() == 0  # masked tokens get no gradient
@@ -103,7 +105,9 @@ def test_aggregation_weights_by_hand():
     w = token_weights(masks, LossAgg.seq_mean_token_sum)
     assert w[2].tolist() == pytest.approx([1 / 2] * 4)
     w = token_weights(masks, LossAgg.seq_mean_token_sum_norm, max_new_tokens=10)  # 3 samples x 10
-    assert w[0].tolist() == pytest.approx([1 / 30, 1 / 30, 0]) and w[2].tolist() == pytest.approx([1 / 30] * 4)
+    assert w[0].tolist() == pytest.approx([1 / 30, 1 / 30, 0]) and w[2].tolist() == pytest.approx(
+        [1 / 30] * 4
+    )
     with pytest.raises(ValueError, match="max_new_tokens"):
         token_weights(masks, LossAgg.seq_mean_token_sum_norm)
 
@@ -111,7 +115,9 @@ def test_aggregation_weights_by_hand():
 def one_token(theta, prox, behav, adv, **algo):
     th = torch.tensor([theta], dtype=torch.float64, requires_grad=True)
     t = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
-    loss, stats = ppo_loss(th, t(prox), t(behav), t(adv), t(1.0), torch.tensor([0]), AlgoConfig(**ALGO, **algo))
+    loss, stats = ppo_loss(
+        th, t(prox), t(behav), t(adv), t(1.0), torch.tensor([0]), AlgoConfig(**ALGO, **algo)
+    )
     loss.backward()
     return float(loss), float(th.grad), stats
 
@@ -124,7 +130,9 @@ def test_hand_worked_clip_higher_and_dual_clip():
     assert one_token(big, 0.0, 0.0, -1.0)[:2] == pytest.approx((5.0, 5.0))
     loss, grad, stats = one_token(big, 0.0, 0.0, -1.0, dual_clip_c=3.0)
     assert (loss, grad, stats.dual_clipped_tokens) == pytest.approx((3.0, 0.0, 1.0))
-    assert one_token(big, 0.0, 0.0, 1.0, dual_clip_c=3.0)[:2] == pytest.approx((-1.2, 0.0))  # A > 0: untouched
+    assert one_token(big, 0.0, 0.0, 1.0, dual_clip_c=3.0)[:2] == pytest.approx(
+        (-1.2, 0.0)
+    )  # A > 0: untouched
 
 
 def test_hand_worked_behaviour_weight_modes():
@@ -132,14 +140,24 @@ def test_hand_worked_behaviour_weight_modes():
     assert one_token(0.0, 0.0, -w, 1.0)[:2] == pytest.approx((-2.0, -2.0))
     loss, grad, stats = one_token(0.0, 0.0, -w, 1.0, behav_weight_cap=1.5)  # drop
     assert (loss, grad, stats.affected_tokens, stats.num_tokens) == (0.0, 0.0, 1.0, 1.0)
-    loss, grad, _ = one_token(0.0, 0.0, -w, 1.0, behav_weight_mode=BehavWeightMode.truncate, behav_weight_cap=1.5)
+    loss, grad, _ = one_token(
+        0.0, 0.0, -w, 1.0, behav_weight_mode=BehavWeightMode.truncate, behav_weight_cap=1.5
+    )
     assert (loss, grad) == pytest.approx((-1.5, -1.5))
     # seq_mask: sample 0 has log w = log 2, log 0.5 (geometric mean 1: kept); sample 1 log 3 (masked)
     theta = torch.zeros(3, dtype=torch.float64, requires_grad=True)
     prox = torch.zeros(3, dtype=torch.float64)
     behav = -torch.tensor([math.log(2), math.log(0.5), math.log(3)], dtype=torch.float64)
     algo = AlgoConfig(**ALGO, behav_weight_mode=BehavWeightMode.seq_mask, mis_low=0.5, mis_high=2.0)
-    loss, stats = ppo_loss(theta, prox, behav, torch.ones(3, dtype=torch.float64), torch.full((3,), 1 / 3, dtype=torch.float64), torch.tensor([0, 0, 1]), algo)
+    loss, stats = ppo_loss(
+        theta,
+        prox,
+        behav,
+        torch.ones(3, dtype=torch.float64),
+        torch.full((3,), 1 / 3, dtype=torch.float64),
+        torch.tensor([0, 0, 1]),
+        algo,
+    )
     assert float(loss) == pytest.approx(-(2 + 0.5) / 3)
     assert (stats.affected_tokens, stats.affected_seqs, stats.num_seqs) == (1.0, 1.0, 2.0)
 
@@ -157,7 +175,16 @@ def test_kl_to_reference_adds_the_estimator(estimator, value, slope):
     theta = torch.tensor([x], dtype=torch.float64, requires_grad=True)
     zero = torch.zeros(1, dtype=torch.float64)
     algo = AlgoConfig(**ALGO, kl_coef=0.1, kl_estimator=estimator)
-    loss, stats = ppo_loss(theta, theta.detach(), theta.detach(), zero, torch.ones(1, dtype=torch.float64), torch.tensor([0]), algo, ref_logp=zero)
+    loss, stats = ppo_loss(
+        theta,
+        theta.detach(),
+        theta.detach(),
+        zero,
+        torch.ones(1, dtype=torch.float64),
+        torch.tensor([0]),
+        algo,
+        ref_logp=zero,
+    )
     loss.backward()
     assert float(loss) == pytest.approx(0.1 * value(x), rel=1e-12)
     assert float(theta.grad) == pytest.approx(0.1 * slope(x), rel=1e-12)
@@ -171,7 +198,16 @@ def test_mismatch_and_entropy_metrics_by_hand():
     # k3 = w - 1 - log w: (e^0.5 - 1.5 + e^-0.5 - 0.5) / 2
     prox = torch.zeros(2, dtype=torch.float64)
     behav = torch.tensor([-0.5, 0.5], dtype=torch.float64)
-    _, stats = ppo_loss(prox.clone(), prox, behav, torch.ones(2, dtype=torch.float64), torch.full((2,), 0.5, dtype=torch.float64), torch.tensor([0, 0]), AlgoConfig(**ALGO), entropy=torch.tensor([1.0, 3.0]))
+    _, stats = ppo_loss(
+        prox.clone(),
+        prox,
+        behav,
+        torch.ones(2, dtype=torch.float64),
+        torch.full((2,), 0.5, dtype=torch.float64),
+        torch.tensor([0, 0]),
+        AlgoConfig(**ALGO),
+        entropy=torch.tensor([1.0, 3.0]),
+    )
     metrics = stats.to_metrics()
     assert metrics["mismatch/abs_diff_mean"] == pytest.approx(0.5)
     assert metrics["mismatch/k3_kl"] == pytest.approx((math.exp(0.5) - 1.5 + math.exp(-0.5) - 0.5) / 2)
@@ -181,7 +217,15 @@ def test_mismatch_and_entropy_metrics_by_hand():
 
 def test_proximal_equal_to_behaviour_is_standard_ppo():
     theta, prox, _, adv = tokens(32, 5)
-    loss, _ = ppo_loss(theta, prox, prox, adv, torch.full((32,), 1 / 32, dtype=torch.float64), torch.zeros(32, dtype=torch.int64), AlgoConfig(**ALGO))
+    loss, _ = ppo_loss(
+        theta,
+        prox,
+        prox,
+        adv,
+        torch.full((32,), 1 / 32, dtype=torch.float64),
+        torch.zeros(32, dtype=torch.int64),
+        AlgoConfig(**ALGO),
+    )
     ratio = torch.exp(theta - prox)
     ppo = -torch.minimum(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv).mean()
     assert float(loss) == pytest.approx(float(ppo), rel=1e-12)
@@ -208,7 +252,9 @@ def test_microbatches_sum_to_the_full_batch_loss(case):
 def test_bad_shapes_raise():
     theta, prox, behav, adv = tokens(8, 9)
     with pytest.raises(ValueError, match="shape"):
-        ppo_loss(theta, prox[:4], behav, adv, torch.ones(8), torch.zeros(8, dtype=torch.int64), AlgoConfig(**ALGO))
+        ppo_loss(
+            theta, prox[:4], behav, adv, torch.ones(8), torch.zeros(8, dtype=torch.int64), AlgoConfig(**ALGO)
+        )
 
 
 @pytest.mark.parametrize(
