@@ -2,7 +2,7 @@
 
 A drop-in for the torch backend: same batches in, same loss, HF-named weights out.
 One `train_step`:
-  1. rank 0's TrainBatch is broadcast; its samples are split over DP ranks (balanced by tokens)
+  1. rank 0's TrainBatch is broadcast (transport/batch_codec.py bytes, no pickle); its samples are split over DP ranks (balanced by tokens)
      and packed into micro-batches under `trainer.max_tokens_per_microbatch`, with the same
      number of micro-batches on every DP rank (padded with empty ones);
   2. proximal log-probs for every micro-batch with the pre-step weights (forward only);
@@ -54,6 +54,7 @@ from areal_jobs.trainer import megatron_model, megatron_weights
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
 from areal_jobs.trainer.megatron_convert import ModelDims, ParamMap, param_maps
+from areal_jobs.transport.batch_codec import decode_train_batch, encode_train_batch
 
 logger = logging.getLogger(__name__)
 
@@ -258,10 +259,7 @@ class MegatronBackend:
 
     def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
         start = time.perf_counter()
-        holder = [batch]
-        dist.broadcast_object_list(holder, src=0)
-        batch = holder[0]
-        assert batch is not None, "global rank 0 must pass the batch"
+        batch = self._broadcast_batch(batch)
         if not batch.samples:
             return {"train/skipped_empty_batch": 1.0}
         self._num_global_tokens = float(batch.num_output_tokens)
@@ -301,6 +299,23 @@ class MegatronBackend:
             "time/prox_logp_s": prox_s,
             "time/train_s": time.perf_counter() - start,
         }
+
+    def _broadcast_batch(self, batch: TrainBatch | None) -> TrainBatch:
+        """Rank 0's batch to every rank as bytes of transport/batch_codec.py in a uint8 tensor
+        (no pickle): its length first, then the bytes."""
+        if dist.get_rank() == 0:
+            assert batch is not None, "global rank 0 must pass the batch"
+            payload = torch.frombuffer(bytearray(encode_train_batch(batch)), dtype=torch.uint8)
+            size = torch.tensor([payload.numel()], dtype=torch.int64, device=self._device)
+        else:
+            size = torch.zeros(1, dtype=torch.int64, device=self._device)
+        dist.broadcast(size, src=0)
+        if dist.get_rank() == 0:
+            payload = payload.to(self._device) if self._device is not None else payload
+        else:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self._device)
+        dist.broadcast(payload, src=0)
+        return batch if dist.get_rank() == 0 else decode_train_batch(payload.cpu().numpy().tobytes())
 
     def _microbatch(self, samples: list[TrainSample], agg: list[np.ndarray] | None = None) -> _MicroBatch:
         dev = self._device
