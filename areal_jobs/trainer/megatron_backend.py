@@ -440,6 +440,8 @@ class MegatronBackend:
     def token_entropy(self, logits: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
         """Entropy of the policy at the output positions [n], from vocab-parallel logits:
         H = log Σ e^l - Σ e^l l / Σ e^l, each sum all-reduced over the TP group."""
+        if mb.out_index.numel() == 0:  # an empty micro-batch: its TP peers skip alike (same data)
+            return torch.zeros(0, device=logits.device)
         local = logits[0].float().index_select(0, mb.out_index)  # [n, Vp/tp]
         if self._pad_vocab_mask is not None:
             local = local.masked_fill(self._pad_vocab_mask, float("-inf"))
