@@ -456,6 +456,8 @@ class MegatronBackend:
 
     def _ppo_loss(self, mb: _MicroBatch, logits: torch.Tensor):
         assert mb.prox_logp is not None
+        # entropy first: vocab_parallel_cross_entropy works in place on the logits it is given
+        entropy = self.token_entropy(logits, mb)
         loss, stats = ppo_loss(
             self.token_logprobs(logits, mb),
             mb.prox_logp,
@@ -464,7 +466,7 @@ class MegatronBackend:
             mb.token_weight,
             mb.seq_index,
             self._algo,
-            entropy=self.token_entropy(logits, mb),
+            entropy=entropy,
         )
         # (loss, token count, report): with calculate_per_token_loss Megatron leaves loss unscaled
         return (
