@@ -213,10 +213,17 @@ class TrainSample:
     versions: np.ndarray  # int32 [n]
     advantage: float
     reward: float
+    loss_mask: np.ndarray | None = None  # uint8 [n], 0 = not trained (algo.mask_truncated); None = all 1
 
     @property
     def num_output_tokens(self) -> int:
         return int(self.behav_logprobs.shape[0])
+
+    def mask(self) -> np.ndarray:
+        """float32 [n]: 1 on trained output tokens."""
+        if self.loss_mask is None:
+            return np.ones(self.num_output_tokens, dtype=np.float32)
+        return self.loss_mask.astype(np.float32)
 
 
 @dataclass
@@ -225,6 +232,7 @@ class TrainBatch:
     samples: list[TrainSample]
     group_ids: list[str]
     filtered_group_ids: list[str] = field(default_factory=list)  # uniform rewards, no signal
+    max_new_tokens: int = 0  # the rollout's length cap: algo.loss_agg=seq_mean_token_sum_norm divides by it
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,4 +1,8 @@
-"""The RL objective: staleness bound, batch shape, advantages and the PPO loss."""
+"""The RL objective: staleness bound, batch shape, advantages and the PPO loss.
+
+Every knob of the loss is one field here; docs/objective.md tables what each does, which peer
+framework has it, its default and the test that pins it. Defaults are AReaL's decoupled PPO.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,36 @@ class Advantage(enum.Enum):
     rloo = "rloo"  # r - mean of the other G-1 samples
 
 
+class AdvStd(enum.Enum):
+    unbiased = "unbiased"  # sample std, N - 1 (AReaL >= 0.3.4, verl)
+    biased = "biased"  # population std, N (AReaL before 0.3.4; this project before issue 10)
+
+
+class BehavWeightMode(enum.Enum):
+    """What happens to the behaviour weight w = exp(prox - behav) of off-policy tokens."""
+
+    drop = "drop"  # AReaL: w > cap adds nothing but the token stays in the denominator
+    truncate = "truncate"  # verl/slime TIS: w -> min(w, cap)
+    seq_mask = "seq_mask"  # MIS: the whole sample is masked when exp(mean log w) leaves [mis_low, mis_high]
+
+
+class LossAgg(enum.Enum):
+    """How per-token losses become the batch loss (verl's loss_agg_mode)."""
+
+    token_mean = "token_mean"  # sum / valid tokens of the whole (mini)batch
+    seq_mean_token_mean = "seq_mean_token_mean"  # mean over samples of each sample's token mean
+    seq_mean_token_sum = "seq_mean_token_sum"  # mean over samples of each sample's token sum
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # Dr.GRPO: sum / (samples * max_new_tokens)
+
+
+class KLEstimator(enum.Enum):
+    """Per-token estimate of KL(π || π_ref) from x = log π - log π_ref."""
+
+    k1 = "k1"  # x
+    k2 = "k2"  # x² / 2
+    k3 = "k3"  # exp(-x) - 1 + x   (unbiased, always >= 0)
+
+
 @dataclass
 class AlgoConfig:
     """Staleness-bounded decoupled PPO (AReaL)."""
@@ -20,10 +54,25 @@ class AlgoConfig:
     batch_size: int = 8  # B: prompt groups per training step
     group_size: int = 8  # G: sampled answers per prompt
     advantage: Advantage = Advantage.grpo
-    clip_eps: float = 0.2  # PPO clip on r = exp(logp - prox_logp)
+    adv_std: AdvStd = AdvStd.unbiased  # grpo's std within a group
+    adv_eps: float = 1e-5  # grpo: (r - mean) / (std + adv_eps)
+    adv_batch_norm: bool = False  # whiten advantages over the batch, token-weighted (AReaL adv_norm)
+    clip_eps: float = 0.2  # PPO clip on r = exp(logp - prox_logp): lower side, 1 - clip_eps
+    eps_clip_high: float = 0.0  # upper side 1 + eps_clip_high (DAPO clip-higher); 0 = clip_eps
+    dual_clip_c: float = 0.0  # > 1: tokens with A < 0 lose at most c * |A| (dual clip); 0 = off
     decoupled: bool = True  # False: proximal = behaviour log-probs (standard PPO ablation)
-    behav_weight_cap: float = 0.0  # >0: drop tokens whose exp(prox - behav) exceeds it
-    filter_uniform_groups: bool = False  # drop groups whose rewards are all equal (no signal)
+    behav_weight_mode: BehavWeightMode = BehavWeightMode.drop
+    behav_weight_cap: float = 0.0  # drop / truncate: the cap on w; 0 = no cap (drop mode only)
+    mis_low: float = 0.5  # seq_mask: keep a sample while exp(mean log w) is in [mis_low, mis_high]
+    mis_high: float = 2.0
+    loss_agg: LossAgg = LossAgg.token_mean
+    kl_coef: float = 0.0  # > 0: kl_coef * KL(π || reference) added per token; reference = initial weights
+    kl_estimator: KLEstimator = KLEstimator.k3
+    filter_uniform_groups: bool = False  # DAPO dynamic sampling: all-equal-reward groups dropped and replaced
+    max_discarded_groups: int = 64  # dynamic sampling: this many uniform groups in a row is an error
+    overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens before max_new_tokens
+    overlong_penalty: float = 1.0  # reward penalty at max_new_tokens (grows linearly over the buffer)
+    mask_truncated: bool = False  # samples cut at max_new_tokens train no token (AReaL mask_no_eos_with_zero)
     ppo_minibatches: int = 1  # optimiser steps per batch; the clip keeps later ones near the proximal policy
 
     def __post_init__(self) -> None:
@@ -36,7 +85,29 @@ class AlgoConfig:
                 f"algo.advantage={self.advantage.value} normalises within a group: set "
                 "algo.group_size>=2 or algo.advantage=drgrpo"
             )
+        if self.adv_eps <= 0:
+            raise ValueError("algo.adv_eps must be > 0")
         if not 0.0 < self.clip_eps < 1.0:
             raise ValueError("algo.clip_eps must be in (0, 1)")
+        if self.eps_clip_high != 0.0 and not self.clip_eps <= self.eps_clip_high < 10.0:
+            raise ValueError("algo.eps_clip_high must be 0 (= algo.clip_eps) or in [algo.clip_eps, 10)")
+        if self.dual_clip_c != 0.0 and self.dual_clip_c <= 1.0:
+            raise ValueError("algo.dual_clip_c must be 0 (off) or > 1 (e.g. 3)")
+        if self.behav_weight_cap < 0:
+            raise ValueError("algo.behav_weight_cap must be >= 0 (0 = no cap)")
+        if self.behav_weight_mode is BehavWeightMode.truncate and self.behav_weight_cap <= 0:
+            raise ValueError("algo.behav_weight_mode=truncate needs algo.behav_weight_cap > 0 (e.g. 2)")
+        if self.behav_weight_mode is BehavWeightMode.seq_mask and not 0 <= self.mis_low < 1 < self.mis_high:
+            raise ValueError("algo.behav_weight_mode=seq_mask needs 0 <= algo.mis_low < 1 < algo.mis_high")
+        if self.kl_coef < 0:
+            raise ValueError("algo.kl_coef must be >= 0")
+        if self.max_discarded_groups < 1:
+            raise ValueError("algo.max_discarded_groups must be >= 1")
+        if self.overlong_buffer < 0 or self.overlong_penalty < 0:
+            raise ValueError("algo.overlong_buffer and algo.overlong_penalty must be >= 0")
         if not 1 <= self.ppo_minibatches <= self.batch_size * self.group_size:
             raise ValueError("algo.ppo_minibatches must be in [1, algo.batch_size * algo.group_size]")
+
+    @property
+    def clip_high(self) -> float:
+        return self.eps_clip_high or self.clip_eps

@@ -15,6 +15,7 @@ from areal_jobs.config.cluster import ClusterConfig, LaunchConfig
 from areal_jobs.config.data import DataConfig, ModelConfig
 from areal_jobs.config.reward import RewardConfig
 from areal_jobs.config.rollout import RolloutConfig
+from areal_jobs.config.support import check_backend_support
 from areal_jobs.config.trainer import CheckpointConfig, TrainerConfig, WeightSyncConfig
 
 
@@ -69,6 +70,11 @@ class JobConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        check_backend_support(self.algo, self.trainer.backend)
+        if self.algo.overlong_buffer >= self.rollout.max_new_tokens:
+            raise ValueError("algo.overlong_buffer must be < rollout.max_new_tokens")
 
 
 def register_configs() -> None:

@@ -48,6 +48,8 @@ class RolloutCounters:
     reprefill_tokens: int = 0
     # segments that an update caught in flight and that went on under the new weights (in_place)
     straddled_segments: int = 0
+    discarded_groups: int = 0  # dynamic sampling: all-equal-reward groups dropped and replaced
+    discards_in_a_row: int = 0
 
 
 class RolloutController:
@@ -188,6 +190,10 @@ class RolloutController:
             reward_time_s=time.monotonic() - t_gen,
             attempt=attempt,
         )
+        if self.algo.filter_uniform_groups and len({s.reward for s in samples}) == 1:
+            self._discard(group_id)
+            return
+        self.counters.discards_in_a_row = 0
         # no await between here and the push's first await: a snapshot sees the group in exactly
         # one place (in progress, or retained as unacked)
         del self.in_progress[group_id]
@@ -196,6 +202,21 @@ class RolloutController:
         await self.push(group)
         self.counters.groups_pushed += 1
         self._wakeup.set()
+
+    def _discard(self, group_id: str) -> None:
+        """DAPO dynamic sampling: a group without signal frees its staleness slot, so admission
+        starts a new prompt in its place and every batch still has B groups with signal."""
+        del self.in_progress[group_id]
+        self.staleness.on_rejected()
+        self.counters.discarded_groups += 1
+        self.counters.discards_in_a_row += 1
+        self._wakeup.set()
+        if self.counters.discards_in_a_row >= self.algo.max_discarded_groups:
+            raise RuntimeError(
+                f"{self.counters.discards_in_a_row} groups in a row had all-equal rewards (no signal) "
+                "under algo.filter_uniform_groups=true: the task is too easy or too hard for the model; "
+                "raise algo.max_discarded_groups or set algo.filter_uniform_groups=false"
+            )
 
     async def _run_sample(self, prompt: Prompt, state: SampleState) -> None:
         """Generate one answer, continuing it across interruptions until stop or length."""
@@ -323,4 +344,5 @@ class RolloutController:
             "rollout/server_errors": float(c.server_errors),
             "rollout/servers_up": float(len(self.pool.up_slots)),
             "rollout/requeued_groups": float(len(self.requeued)),
+            "buffer/discarded_groups": float(c.discarded_groups),
         }

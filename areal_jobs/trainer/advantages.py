@@ -1,10 +1,12 @@
 """Group-relative advantages. One scalar per sample, broadcast to its tokens by the caller.
 
 For rewards r_1..r_G of one prompt's G samples, with mean m and standard deviation s:
-  GRPO      A_i = (r_i - m) / (s + eps)
+  GRPO      A_i = (r_i - m) / (s + eps)     s unbiased (N - 1, AReaL's default) or biased (N)
   Dr.GRPO   A_i = r_i - m                         (no std: no bias toward easy/hard prompts)
   RLOO      A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - m)
 A group whose rewards are all equal carries no signal: every advantage is exactly 0.
+Optionally (`algo.adv_batch_norm`) the batch is then whitened token-weighted, as AReaL's adv_norm:
+  A_i <- (A_i - μ) / (σ + eps),  μ, σ = mean and unbiased std over every trained token.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from areal_jobs.config import Advantage
+from areal_jobs.config.algo import AdvStd
 
-_EPS = 1e-6
 
-
-def group_advantages(rewards: np.ndarray, kind: Advantage) -> np.ndarray:
+def group_advantages(
+    rewards: np.ndarray, kind: Advantage, std: AdvStd = AdvStd.unbiased, eps: float = 1e-5
+) -> np.ndarray:
     """rewards: float [G] -> advantages: float32 [G]."""
     r = np.asarray(rewards, dtype=np.float64)
     if r.ndim != 1 or r.size == 0:
@@ -28,7 +31,8 @@ def group_advantages(rewards: np.ndarray, kind: Advantage) -> np.ndarray:
         return np.zeros(r.size, dtype=np.float32)
     centred = r - r.mean()
     if kind is Advantage.grpo:
-        adv = centred / (r.std() + _EPS)
+        ddof = 1 if std is AdvStd.unbiased and r.size > 1 else 0
+        adv = centred / (r.std(ddof=ddof) + eps)
     elif kind is Advantage.drgrpo:
         adv = centred
     elif kind is Advantage.rloo:
@@ -36,6 +40,27 @@ def group_advantages(rewards: np.ndarray, kind: Advantage) -> np.ndarray:
     else:  # pragma: no cover - Enum is exhaustive
         raise ValueError(f"unknown advantage {kind}")
     return adv.astype(np.float32)
+
+
+def whiten(advantages: np.ndarray, num_tokens: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """Token-weighted batch whitening of per-sample advantages [S] with trained-token counts [S]."""
+    a = np.asarray(advantages, dtype=np.float64)
+    w = np.asarray(num_tokens, dtype=np.float64)
+    total = w.sum()
+    if total < 2:
+        return np.zeros_like(a, dtype=np.float32)
+    mean = (a * w).sum() / total
+    std = np.sqrt(((a - mean) ** 2 * w).sum() / (total - 1))
+    return ((a - mean) / (std + eps)).astype(np.float32)
+
+
+def overlong_penalty(num_tokens: int, max_new_tokens: int, buffer: int, penalty: float) -> float:
+    """DAPO soft overlong punishment: 0 up to max_new_tokens - buffer, then growing linearly to
+    `penalty` at max_new_tokens (and held there beyond)."""
+    if buffer <= 0:
+        return 0.0
+    excess = num_tokens - (max_new_tokens - buffer)
+    return penalty * min(max(excess, 0) / buffer, 1.0)
 
 
 def is_uniform(rewards: np.ndarray) -> bool:

@@ -6,12 +6,14 @@ Per sample: input_ids [L] = prompt [p] + output [n]; behav_logprobs and versions
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from areal_jobs.api import TrainBatch, TrainSample
 from areal_jobs.config import AlgoConfig
 from areal_jobs.data.staleness import is_fresh
-from areal_jobs.trainer.advantages import group_advantages, is_uniform
+from areal_jobs.trainer.advantages import group_advantages, is_uniform, overlong_penalty, whiten
 from areal_jobs.transport.messages import TrajectoryGroup
 
 
@@ -24,22 +26,34 @@ def split_fresh(
     return fresh, expired
 
 
-def assemble(groups: list[TrajectoryGroup], trainer_version: int, algo: AlgoConfig) -> TrainBatch:
-    """Advantages per group, then one TrainSample per answer. Groups must already be fresh."""
-    batch = TrainBatch(version=trainer_version, samples=[], group_ids=[])
+def assemble(
+    groups: list[TrajectoryGroup], trainer_version: int, algo: AlgoConfig, max_new_tokens: int = 0
+) -> TrainBatch:
+    """Reward shaping and advantages per group, then one TrainSample per answer (optionally
+    whitened over the batch). Groups must already be fresh. `max_new_tokens`: the rollout's
+    length cap (overlong shaping, Dr.GRPO's normaliser)."""
+    batch = TrainBatch(version=trainer_version, samples=[], group_ids=[], max_new_tokens=max_new_tokens)
+    if algo.overlong_buffer and max_new_tokens <= algo.overlong_buffer:
+        raise ValueError("algo.overlong_buffer must be < rollout.max_new_tokens")
     for g in groups:
         if not is_fresh(g.oldest_version, trainer_version, algo.max_staleness):
             raise AssertionError(f"group {g.group_id} is stale; split_fresh must run first")
         rewards = np.array([s.reward for s in g.samples], dtype=np.float64)
         batch.group_ids.append(g.group_id)
         if algo.filter_uniform_groups and is_uniform(rewards):
+            # the controller already replaces these (dynamic sampling); restored groups land here
             batch.filtered_group_ids.append(g.group_id)
             continue
-        advantages = group_advantages(rewards, algo.advantage)
+        shaped = rewards - [
+            overlong_penalty(s.num_tokens, max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
+            for s in g.samples
+        ]
+        advantages = group_advantages(shaped, algo.advantage, algo.adv_std, algo.adv_eps)
         prompt = g.prompt_ids.astype(np.int64)
-        for s, adv in zip(g.samples, advantages):
+        for s, adv, reward in zip(g.samples, advantages, shaped, strict=True):
             if s.num_tokens == 0:
                 continue  # nothing to train on (e.g. the server stopped immediately)
+            truncated = algo.mask_truncated and s.finish_reason == "length"
             batch.samples.append(
                 TrainSample(
                     sample_id=s.sample_id,
@@ -48,7 +62,12 @@ def assemble(groups: list[TrajectoryGroup], trainer_version: int, algo: AlgoConf
                     behav_logprobs=s.logprobs.astype(np.float32),
                     versions=s.versions.astype(np.int32),
                     advantage=float(adv),
-                    reward=float(s.reward),
+                    reward=float(reward),
+                    loss_mask=np.zeros(s.num_tokens, np.uint8) if truncated else None,
                 )
             )
+    if algo.adv_batch_norm and batch.samples:
+        trained = np.array([float(s.mask().sum()) for s in batch.samples])
+        white = whiten([s.advantage for s in batch.samples], trained, algo.adv_eps)
+        batch.samples = [replace(s, advantage=float(a)) for s, a in zip(batch.samples, white, strict=True)]
     return batch

@@ -8,7 +8,7 @@ One `train_step`, on every rank at once:
      empty ones, which run a one-token forward so the FSDP collectives stay in step);
   2. proximal log-probs of this rank's samples with the pre-step weights (forward only);
   3. the torch backend's schedule: `algo.ppo_minibatches` token-balanced minibatches, each split
-     over the DP ranks, the project's `decoupled_ppo_loss` normalised by the minibatch's output
+     over the DP ranks, the project's `ppo_loss` normalised by the minibatch's output
      tokens, clipping at `trainer.grad_clip` and one AdamW step. FSDP averages gradients over
      ranks; the loss is already a global token-mean, so each rank scales it by the world size
      (exact for powers of two) and the reduced gradient is the sum, as in one process.
@@ -37,9 +37,10 @@ from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
 from areal_jobs.trainer import fsdp_state
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
-from areal_jobs.trainer.loss import LossStats, decoupled_ppo_loss
-from areal_jobs.trainer.torch_backend import token_logprobs
+from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
+from areal_jobs.trainer.torch_backend import loss_inputs, token_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -120,23 +121,21 @@ class FSDPBackend:
 
     # ------------------------------------------------------------------ training
 
-    def _logprobs(self, samples: list[TrainSample]) -> list[torch.Tensor]:
+    def _logprobs(self, samples: list[TrainSample], *, with_entropy: bool = False):
         """This rank's micro-batch; an empty one runs a one-token forward (FSDP all-gathers are
-        collective) and returns [] with a zero `dummy` attached for the backward."""
+        collective) and returns [] with a zero `dummy` attached for the backward. With
+        `with_entropy`, (log-probs, entropies) as token_logprobs returns them."""
         assert self.model is not None
         if samples:
-            return token_logprobs(self.model, samples, device=self.device)
+            return token_logprobs(self.model, samples, device=self.device, with_entropy=with_entropy)
         ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
         self._dummy = self.model(input_ids=ids, use_cache=False).logits.float().sum() * 0.0
-        return []
+        return ([], []) if with_entropy else []
 
     def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
         assert self.model is not None and self.optimizer is not None, "call setup() first"
         t0 = time.perf_counter()
-        holder = [batch]
-        if self.world > 1:
-            dist.broadcast_object_list(holder, src=0)
-        batch = holder[0]
+        batch = broadcast_train_batch(batch, self.device) if self.world > 1 else batch
         assert batch is not None, "trainer rank 0 must pass the batch"
         samples = batch.samples
         if not samples:
@@ -156,25 +155,32 @@ class FSDPBackend:
         t_prox = time.perf_counter()
         stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
         for minibatch in _minibatches(outputs, min(self.algo.ppo_minibatches, len(samples))):
-            num_tokens = float(sum(outputs[i] for i in minibatch))
+            # aggregation weights over this optimiser step's samples (loss.py), the same on every rank
+            agg = dict(
+                zip(
+                    minibatch,
+                    token_weights(
+                        [samples[i].mask() for i in minibatch], self.algo.loss_agg, batch.max_new_tokens
+                    ),
+                    strict=True,
+                )
+            )
             self.optimizer.zero_grad(set_to_none=True)
             plan = plan_microbatches([lengths[i] for i in minibatch], self.world, budget)[self.rank]
             for local in plan:
                 mb = [minibatch[j] for j in local]
                 num_micro += 1
-                logp = self._logprobs([samples[i] for i in mb])
+                logp, entropy = self._logprobs([samples[i] for i in mb], with_entropy=True)
                 if not mb:
                     (self._dummy * self.world).backward()
                     continue
-                loss, mb_stats = decoupled_ppo_loss(
+                loss, mb_stats = ppo_loss(
                     torch.cat(logp).cpu() if self.device is not None else torch.cat(logp),
                     torch.cat([prox[i] for i in mb]),
                     torch.cat([behav[i] for i in mb]),
-                    torch.cat([torch.full((outputs[i],), samples[i].advantage) for i in mb]),
-                    torch.ones(sum(outputs[i] for i in mb)),
-                    clip_eps=self.algo.clip_eps,
-                    num_global_tokens=num_tokens,
-                    behav_weight_cap=self.algo.behav_weight_cap,
+                    **loss_inputs([samples[i] for i in mb], [agg[i] for i in mb]),
+                    algo=self.algo,
+                    entropy=torch.cat(entropy).cpu(),
                 )
                 (loss * self.world).backward()
                 total_loss += float(loss.detach())

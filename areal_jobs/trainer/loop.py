@@ -44,6 +44,7 @@ class TrainLoop:
         sink: MetricsSink,
         ledger_path: Path,
         batch_wait_timeout_s: float,
+        max_new_tokens: int = 0,
     ) -> None:
         self.algo = algo
         self.backend = backend
@@ -52,6 +53,7 @@ class TrainLoop:
         self.sink = sink
         self.ledger_path = ledger_path
         self.batch_wait_timeout_s = batch_wait_timeout_s
+        self.max_new_tokens = max_new_tokens  # rollout.max_new_tokens: overlong shaping, Dr.GRPO norm
         self.version = 0
         self.step = 0
         self.max_staleness_seen = 0
@@ -88,7 +90,7 @@ class TrainLoop:
         t0 = time.monotonic()
         groups = self.take_groups()
         t_batch = time.monotonic()
-        batch = assemble(groups, self.version, self.algo)
+        batch = assemble(groups, self.version, self.algo, self.max_new_tokens)
         metrics = self.backend.train_step(batch)
         t_train = time.monotonic()
         self.version += 1

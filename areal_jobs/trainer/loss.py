@@ -1,88 +1,165 @@
-"""The decoupled PPO objective (AReaL, eq. 5), on packed per-token tensors.
+"""The decoupled PPO objective (AReaL, eq. 5) with the peers' standard switches, on packed
+per-token tensors. One function, used by every backend.
 
 Per output token, with behaviour log-prob b (from the rollout server), proximal log-prob p
-(recomputed by the trainer before the step) and current log-prob θ:
-    r = exp(θ - p)                      (trust-region ratio, clipped)
-    w = exp(p - b)                      (importance weight for off-policy data, not clipped)
-    loss_t = -w * min(r * A, clip(r, 1 - ε, 1 + ε) * A)
-The batch loss is the sum over tokens divided by the number of output tokens in the whole
-global batch (every micro-batch and data-parallel rank), so gradients accumulated over
-micro-batches and averaged over DP ranks equal the token-mean over the batch.
-Setting p = b gives standard PPO (w = 1).
-All tensors are 1-D over the tokens of a micro-batch: [T].
+(recomputed by the trainer before the step, or b itself when algo.decoupled=false), current
+log-prob θ and the sample's advantage A:
+    r = exp(θ - p)                                  trust-region ratio (log-ratio not clamped)
+    pg = max(-A r, -A clip(r, 1 - ε_low, 1 + ε_high))           clip-higher when ε_high > ε_low
+    pg = min(pg, c |A|)            for A < 0 only                 dual clip, when c > 0
+    w = exp(p - b)                                  behaviour weight, corrected by the mode:
+        drop      w > cap -> 0 (the token still counts in the denominator)
+        truncate  w -> min(w, cap)
+        seq_mask  w -> 0 on every token of a sample whose exp(mean log w) leaves [low, high]
+    loss_t = w pg + kl_coef * k(θ - ref)            k = k1 / k2 / k3 estimator of KL(π || π_ref)
+    loss = Σ_t a_t loss_t      a_t = the aggregation weight of `token_weights` (0 on masked tokens)
+The a_t are fixed by the whole (mini)batch before the step, so micro-batch losses add up over
+micro-batches and data-parallel ranks to exactly the batch loss: gradients are summed, never
+averaged. All tensors are 1-D over the tokens of a micro-batch: [T].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
+from areal_jobs.config.algo import AlgoConfig, BehavWeightMode, KLEstimator, LossAgg
+from areal_jobs.trainer.loss_stats import LossStats
 
-@dataclass
-class LossStats:
-    """Sums over tokens, so micro-batches and ranks add up before dividing by `num_tokens`."""
-
-    num_tokens: float = 0.0
-    clipped_tokens: float = 0.0  # tokens where the clipped branch is active
-    capped_tokens: float = 0.0  # tokens dropped by the behaviour-weight cap
-    ratio_sum: float = 0.0
-    behav_weight_sum: float = 0.0
-    approx_kl_sum: float = 0.0  # p - θ, first-order KL(prox || current)
-
-    def add(self, other: LossStats) -> None:
-        for key, value in vars(other).items():
-            setattr(self, key, getattr(self, key) + value)
-
-    def to_metrics(self) -> dict[str, float]:
-        n = max(self.num_tokens, 1.0)
-        return {
-            "ppo/clip_fraction": self.clipped_tokens / n,
-            "ppo/capped_fraction": self.capped_tokens / n,
-            "ppo/ratio_mean": self.ratio_sum / n,
-            "ppo/behav_weight_mean": self.behav_weight_sum / n,
-            "ppo/approx_kl": self.approx_kl_sum / n,
-        }
+__all__ = ["LossStats", "kl_estimate", "ppo_loss", "token_weights"]
 
 
-def decoupled_ppo_loss(
+def token_weights(masks: Sequence[np.ndarray], agg: LossAgg, max_new_tokens: int = 0) -> list[np.ndarray]:
+    """Aggregation weight a_t of every output token of every sample of one optimiser step.
+
+    masks: per sample, 1 on trained output tokens, 0 on masked ones ([n_i]). Samples with no
+    valid token are not counted in the sequence means. Returns float64 [n_i] per sample.
+    """
+    masks = [np.asarray(m, dtype=np.float64) for m in masks]
+    valid = [float(m.sum()) for m in masks]
+    num_seqs = sum(v > 0 for v in valid)
+    out = []
+    for m, v in zip(masks, valid, strict=True):
+        if v == 0:
+            out.append(np.zeros_like(m))
+        elif agg is LossAgg.token_mean:
+            out.append(m / sum(valid))
+        elif agg is LossAgg.seq_mean_token_mean:
+            out.append(m / (num_seqs * v))
+        elif agg is LossAgg.seq_mean_token_sum:
+            out.append(m / num_seqs)
+        elif agg is LossAgg.seq_mean_token_sum_norm:
+            if max_new_tokens < 1:
+                raise ValueError("loss_agg=seq_mean_token_sum_norm needs the batch's max_new_tokens")
+            # Dr.GRPO: a constant normaliser, the same for every sample whatever its length
+            out.append(m / (len(masks) * max_new_tokens))
+        else:  # pragma: no cover - Enum is exhaustive
+            raise ValueError(f"unknown loss aggregation {agg}")
+    return out
+
+
+def kl_estimate(x: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """x = log π - log π_ref per token -> the estimator's per-token KL(π || π_ref)."""
+    if estimator is KLEstimator.k1:
+        return x
+    if estimator is KLEstimator.k2:
+        return 0.5 * x * x
+    return torch.exp(-x) - 1.0 + x
+
+
+def _per_seq(values: torch.Tensor, seq_index: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    return torch.zeros(num_seqs, dtype=values.dtype, device=values.device).index_add_(0, seq_index, values)
+
+
+def ppo_loss(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
     behav_logp: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    token_weight: torch.Tensor,
+    seq_index: torch.Tensor,
+    algo: AlgoConfig,
     *,
-    clip_eps: float,
-    num_global_tokens: float,
-    behav_weight_cap: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Loss contribution of one micro-batch. `mask` is 1 on output tokens that are trained."""
-    if not (logp.shape == prox_logp.shape == behav_logp.shape == advantages.shape == mask.shape):
-        raise ValueError("logp, prox_logp, behav_logp, advantages and mask must share one shape [T]")
-    if num_global_tokens <= 0:
-        raise ValueError("num_global_tokens must be > 0")
-    mask = mask.to(logp.dtype)
-    prox_logp = prox_logp.detach()
-    behav_logp = behav_logp.detach()
+    """Loss contribution of one micro-batch and its statistics (sums).
+
+    token_weight: a_t from `token_weights` (0 = masked token). seq_index: int64, which sample of
+    the micro-batch each token belongs to (0, 0, 1, 1, 1, ...). entropy: the current policy's
+    token entropy, for the report only. ref_logp: needed when algo.kl_coef > 0.
+    """
+    shape = logp.shape
+    if not (
+        prox_logp.shape
+        == behav_logp.shape
+        == advantages.shape
+        == token_weight.shape
+        == seq_index.shape
+        == shape
+    ):
+        raise ValueError(
+            "logp, prox_logp, behav_logp, advantages, token_weight and seq_index must share one shape [T]"
+        )
+    if algo.kl_coef > 0 and ref_logp is None:
+        raise ValueError("algo.kl_coef > 0 needs the reference log-probs")
+    dtype = logp.dtype
+    weight = token_weight.to(dtype)
+    mask = (weight > 0).to(dtype)
+    prox_logp, behav_logp = prox_logp.detach().to(dtype), behav_logp.detach().to(dtype)
+    num_seqs = int(seq_index.max()) + 1 if seq_index.numel() else 0
+
+    log_w = prox_logp - behav_logp
+    behav_weight = torch.exp(log_w)
+    corrected, affected = behav_weight, torch.zeros_like(mask)
+    mode, cap = algo.behav_weight_mode, algo.behav_weight_cap
+    if mode is BehavWeightMode.drop and cap > 0:
+        over = (behav_weight > cap).to(dtype)
+        affected = mask * over
+        corrected = behav_weight * (1 - over)
+    elif mode is BehavWeightMode.truncate:
+        affected = mask * (behav_weight > cap).to(dtype)
+        corrected = torch.clamp(behav_weight, max=cap)
+    elif mode is BehavWeightMode.seq_mask:
+        counts = _per_seq(mask, seq_index, num_seqs)
+        geo_mean = torch.exp(_per_seq(log_w * mask, seq_index, num_seqs) / counts.clamp(min=1))
+        outside = ((geo_mean < algo.mis_low) | (geo_mean > algo.mis_high)) & (counts > 0)
+        affected = mask * outside.to(dtype)[seq_index]
+        corrected = behav_weight * (1 - affected)
+
     ratio = torch.exp(logp - prox_logp)
-    behav_weight = torch.exp(prox_logp - behav_logp)
-    if behav_weight_cap > 0:
-        keep = (behav_weight <= behav_weight_cap).to(mask.dtype)
-        capped = mask * (1 - keep)
-        mask = mask * keep
-    else:
-        capped = torch.zeros_like(mask)
-    surr = ratio * advantages
-    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    per_token = -behav_weight * torch.minimum(surr, surr_clipped)
-    loss = (per_token * mask).sum() / num_global_tokens
+    pg_plain = -advantages * ratio
+    pg_clipped = -advantages * torch.clamp(ratio, 1.0 - algo.clip_eps, 1.0 + algo.clip_high)
+    pg = torch.maximum(pg_plain, pg_clipped)
+    dual = torch.zeros_like(mask)
+    if algo.dual_clip_c > 0:
+        bound = -algo.dual_clip_c * advantages  # c |A| where A < 0
+        dual = ((advantages < 0) & (pg > bound)).to(dtype)
+        pg = torch.where(advantages < 0, torch.minimum(pg, bound), pg)
+    per_token = corrected * pg
+    kl = torch.zeros_like(mask)
+    if algo.kl_coef > 0:
+        kl = kl_estimate(logp - ref_logp.detach().to(dtype), algo.kl_estimator)
+        per_token = per_token + algo.kl_coef * kl
+    loss = (per_token * weight).sum()
+
     with torch.no_grad():
+        counts = _per_seq(mask, seq_index, num_seqs)
         stats = LossStats(
             num_tokens=float(mask.sum()),
-            clipped_tokens=float(((surr_clipped < surr).to(mask.dtype) * mask).sum()),
-            capped_tokens=float(capped.sum()),
+            num_seqs=float((counts > 0).sum()),
+            clipped_tokens=float(((pg_clipped > pg_plain).to(dtype) * mask).sum()),
+            dual_clipped_tokens=float((dual * mask).sum()),
             ratio_sum=float((ratio * mask).sum()),
             behav_weight_sum=float((behav_weight * mask).sum()),
             approx_kl_sum=float(((prox_logp - logp) * mask).sum()),
+            entropy_sum=float((entropy.to(dtype) * mask).sum()) if entropy is not None else 0.0,
+            kl_ref_sum=float((kl * mask).sum()),
+            abs_diff_sum=float((log_w.abs() * mask).sum()),
+            k3_sum=float(((behav_weight - 1 - log_w) * mask).sum()),
+            affected_tokens=float(affected.sum()),
+            affected_seqs=float((_per_seq(affected, seq_index, num_seqs) > 0).sum()),
         )
     return loss, stats

@@ -2,7 +2,7 @@
 
 A drop-in for the torch backend: same batches in, same loss, HF-named weights out.
 One `train_step`:
-  1. rank 0's TrainBatch is broadcast; its samples are split over DP ranks (balanced by tokens)
+  1. rank 0's TrainBatch is broadcast (transport/batch_codec.py bytes, no pickle); its samples are split over DP ranks (balanced by tokens)
      and packed into micro-batches under `trainer.max_tokens_per_microbatch`, with the same
      number of micro-batches on every DP rank (padded with empty ones);
   2. proximal log-probs for every micro-batch with the pre-step weights (forward only);
@@ -52,8 +52,9 @@ from areal_jobs.config import AlgoConfig, DType, TrainerConfig
 from areal_jobs.data.packing import pack
 from areal_jobs.trainer import megatron_model, megatron_weights
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.dp_plan import plan_microbatches  # noqa: F401 - also imported from here
-from areal_jobs.trainer.loss import LossStats, decoupled_ppo_loss
+from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
+from areal_jobs.trainer.dp_plan import plan_microbatches
+from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
 from areal_jobs.trainer.megatron_convert import ModelDims, ParamMap, param_maps
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,8 @@ class _MicroBatch:
     out_index: torch.Tensor  # int64 [n]: positions whose next token is an output token
     behav_logp: torch.Tensor  # float32 [n]
     advantages: torch.Tensor  # float32 [n]
-    loss_mask: torch.Tensor  # float32 [n]
+    token_weight: torch.Tensor  # float32 [n]: the loss aggregation weight, 0 on masked tokens
+    seq_index: torch.Tensor  # int64 [n]: which sample of the micro-batch each output token is from
     attention_mask: torch.Tensor | None  # bool [1, 1, T, T], True = masked (local spec)
     packed_seq_params: PackedSeqParams | None  # THD (TransformerEngine)
     prox_logp: torch.Tensor | None = None  # float32 [n], filled before the gradient pass
@@ -235,16 +237,18 @@ class MegatronBackend:
 
     def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
         start = time.perf_counter()
-        holder = [batch]
-        dist.broadcast_object_list(holder, src=0)
-        batch = holder[0]
-        assert batch is not None, "global rank 0 must pass the batch"
+        batch = broadcast_train_batch(batch, self._device)
         if not batch.samples:
             return {"train/skipped_empty_batch": 1.0}
         self._num_global_tokens = float(batch.num_output_tokens)
         lengths = [len(s.input_ids) for s in batch.samples]
         plan = plan_microbatches(lengths, self._cfg.dp_size, self._cfg.max_tokens_per_microbatch)
-        microbatches = [self._microbatch([batch.samples[i] for i in mb]) for mb in plan[self._dp_rank]]
+        # one optimiser step over the whole batch (algo.ppo_minibatches > 1 is refused in config)
+        agg = token_weights([s.mask() for s in batch.samples], self._algo.loss_agg, batch.max_new_tokens)
+        microbatches = [
+            self._microbatch([batch.samples[i] for i in mb], [agg[i] for i in mb])
+            for mb in plan[self._dp_rank]
+        ]
 
         if self._algo.decoupled:
             with torch.no_grad():
@@ -274,7 +278,7 @@ class MegatronBackend:
             "time/train_s": time.perf_counter() - start,
         }
 
-    def _microbatch(self, samples: list[TrainSample]) -> _MicroBatch:
+    def _microbatch(self, samples: list[TrainSample], agg: list[np.ndarray] | None = None) -> _MicroBatch:
         dev = self._device
         if not samples:  # an empty micro-batch keeps every DP rank's schedule the same length
             seqs, prompts = [np.zeros(1, dtype=np.int64)], [1]
@@ -295,6 +299,8 @@ class MegatronBackend:
             if samples
             else behav
         )
+        weight = np.concatenate(agg) if samples and agg is not None else np.zeros(n, np.float64)
+        seq_index = np.repeat(np.arange(len(samples)), [s.num_output_tokens for s in samples])
         ids = torch.as_tensor(packed.input_ids, device=dev)
         mask, psp = None, None
         if self._use_te:
@@ -319,7 +325,8 @@ class MegatronBackend:
             out_index=torch.as_tensor(out_index, device=dev),
             behav_logp=torch.as_tensor(behav, dtype=torch.float32, device=dev),
             advantages=torch.as_tensor(adv, dtype=torch.float32, device=dev),
-            loss_mask=torch.ones(n, dtype=torch.float32, device=dev),
+            token_weight=torch.as_tensor(weight, dtype=torch.float32, device=dev),
+            seq_index=torch.as_tensor(seq_index, dtype=torch.int64, device=dev),
             attention_mask=mask,
             packed_seq_params=psp,
         )
@@ -390,17 +397,37 @@ class MegatronBackend:
             {"logp": logp.detach()},
         )
 
+    @torch.no_grad()
+    def token_entropy(self, logits: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
+        """Entropy of the policy at the output positions [n], from vocab-parallel logits:
+        H = log Σ e^l - Σ e^l l / Σ e^l, each sum all-reduced over the TP group."""
+        if mb.out_index.numel() == 0:  # an empty micro-batch: its TP peers skip alike (same data)
+            return torch.zeros(0, device=logits.device)
+        local = logits[0].float().index_select(0, mb.out_index)  # [n, Vp/tp]
+        if self._pad_vocab_mask is not None:
+            local = local.masked_fill(self._pad_vocab_mask, float("-inf"))
+        group = parallel_state.get_tensor_model_parallel_group()
+        top = local.max(dim=-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        shifted = local - top[:, None]
+        exp = shifted.exp()
+        sums = torch.stack([exp.sum(-1), (exp * shifted.masked_fill(exp == 0, 0.0)).sum(-1)])
+        dist.all_reduce(sums, group=group)
+        return sums[0].log() - sums[1] / sums[0]
+
     def _ppo_loss(self, mb: _MicroBatch, logits: torch.Tensor):
         assert mb.prox_logp is not None
-        loss, stats = decoupled_ppo_loss(
+        # entropy first: vocab_parallel_cross_entropy works in place on the logits it is given
+        entropy = self.token_entropy(logits, mb)
+        loss, stats = ppo_loss(
             self.token_logprobs(logits, mb),
             mb.prox_logp,
             mb.behav_logp,
             mb.advantages,
-            mb.loss_mask,
-            clip_eps=self._algo.clip_eps,
-            num_global_tokens=self._num_global_tokens,
-            behav_weight_cap=self._algo.behav_weight_cap,
+            mb.token_weight,
+            mb.seq_index,
+            self._algo,
+            entropy=entropy,
         )
         # (loss, token count, report): with calculate_per_token_loss Megatron leaves loss unscaled
         return (

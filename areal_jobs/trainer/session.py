@@ -50,7 +50,14 @@ def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox
         ckpt.truncate_jsonl(run_dir / "metrics.jsonl", ckpt.read_meta(latest)["step"])
     sink = build_sink(run_dir, cfg.run.tensorboard, wandb_settings(cfg))
     loop = TrainLoop(
-        cfg.algo, backend, inbox, publisher, sink, run_dir / "ledger.jsonl", cfg.trainer.batch_wait_timeout_s
+        cfg.algo,
+        backend,
+        inbox,
+        publisher,
+        sink,
+        run_dir / "ledger.jsonl",
+        cfg.trainer.batch_wait_timeout_s,
+        cfg.rollout.max_new_tokens,
     )
     loop.preempt = preempt
     every = cfg.run.samples_every_steps

@@ -25,7 +25,7 @@ from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
 from areal_jobs.data.packing import balanced_microbatches, pack
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.loss import LossStats, decoupled_ppo_loss
+from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +38,17 @@ _TOKENIZER_FILES = (
 
 
 def token_logprobs(
-    model: torch.nn.Module, samples: list[TrainSample], device: torch.device | None = None
-) -> list[torch.Tensor]:
+    model: torch.nn.Module,
+    samples: list[TrainSample],
+    device: torch.device | None = None,
+    *,
+    with_entropy: bool = False,
+) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Log-probs of every output token of every sample under `model`, from one packed forward.
 
     Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled), on `device`
-    (the FSDP backend's GPU; None = CPU).
+    (the FSDP backend's GPU; None = CPU); with `with_entropy` also the policy's entropy at each of
+    those positions (detached).
     """
     packed = pack([s.input_ids for s in samples])
     input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
@@ -51,14 +56,26 @@ def token_logprobs(
     logits = (
         model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0].float()
     )  # [T, V]
-    out = []
+    out, entropies = [], []
     for s, start in zip(samples, packed.cu_seqlens[:-1].tolist()):
         # logits at position t predict token t + 1: the outputs start at prompt length p
         first, last = start + s.num_prompt_tokens - 1, start + len(s.input_ids) - 1
         targets = input_ids[0, first + 1 : last + 1]
         logp = torch.log_softmax(logits[first:last], dim=-1)
         out.append(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-    return out
+        if with_entropy:
+            with torch.no_grad():
+                entropies.append(-(logp.exp() * logp).sum(-1))
+    return (out, entropies) if with_entropy else out
+
+
+def loss_inputs(samples: list[TrainSample], agg_weights: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """Advantages, aggregation weights and sample index per token of one micro-batch, float32."""
+    return {
+        "advantages": torch.cat([torch.full((s.num_output_tokens,), s.advantage) for s in samples]),
+        "token_weight": torch.cat([torch.as_tensor(a, dtype=torch.float32) for a in agg_weights]),
+        "seq_index": torch.cat([torch.full((s.num_output_tokens,), i) for i, s in enumerate(samples)]),
+    }
 
 
 class TorchBackend:
@@ -70,6 +87,7 @@ class TorchBackend:
         self.model_path = model_path
         self.dtype = dtype
         self.model: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None  # frozen initial weights, for algo.kl_coef > 0
         self.optimizer: torch.optim.Optimizer | None = None
 
     def setup(self) -> None:
@@ -80,6 +98,11 @@ class TorchBackend:
             self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
         )
         self.model.train()
+        if self.algo.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
+            ).eval()
+            self.reference.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.cfg.lr,
@@ -107,26 +130,41 @@ class TorchBackend:
                         prox[i] = lp.detach()
         else:
             prox = behav  # standard PPO: the behaviour policy is the trust-region anchor
+        ref: list[torch.Tensor | None] = [None] * len(samples)
+        if self.reference is not None:
+            with torch.no_grad():
+                for mb in balanced_microbatches(lengths, budget):
+                    for i, lp in zip(mb, token_logprobs(self.reference, [samples[i] for i in mb])):
+                        ref[i] = lp
         t_prox = time.perf_counter()
         stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
         outputs = [s.num_output_tokens for s in samples]
         for minibatch in balanced_microbatches(
             outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))
         ):
-            num_tokens = float(sum(outputs[i] for i in minibatch))
+            # aggregation weights over this optimiser step's samples (loss.py)
+            agg = dict(
+                zip(
+                    minibatch,
+                    token_weights(
+                        [samples[i].mask() for i in minibatch], self.algo.loss_agg, batch.max_new_tokens
+                    ),
+                    strict=True,
+                )
+            )
             self.optimizer.zero_grad(set_to_none=True)
             for local in balanced_microbatches([lengths[i] for i in minibatch], budget):
                 mb = [minibatch[j] for j in local]
                 num_micro += 1
-                loss, mb_stats = decoupled_ppo_loss(
-                    torch.cat(token_logprobs(self.model, [samples[i] for i in mb])),
+                logp, entropy = token_logprobs(self.model, [samples[i] for i in mb], with_entropy=True)
+                loss, mb_stats = ppo_loss(
+                    torch.cat(logp),
                     torch.cat([prox[i] for i in mb]),
                     torch.cat([behav[i] for i in mb]),
-                    torch.cat([torch.full((outputs[i],), samples[i].advantage) for i in mb]),
-                    torch.ones(sum(outputs[i] for i in mb)),
-                    clip_eps=self.algo.clip_eps,
-                    num_global_tokens=num_tokens,
-                    behav_weight_cap=self.algo.behav_weight_cap,
+                    **loss_inputs([samples[i] for i in mb], [agg[i] for i in mb]),
+                    algo=self.algo,
+                    entropy=torch.cat(entropy),
+                    ref_logp=torch.cat([ref[i] for i in mb]) if self.reference is not None else None,
                 )
                 loss.backward()
                 total_loss += float(loss.detach())

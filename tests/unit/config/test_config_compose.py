@@ -87,3 +87,29 @@ def test_fsdp_trainer_group_and_its_errors():
         job("trainer=fsdp", "trainer.tp_size=2")
     with pytest.raises(Exception, match=r"cluster\.placement=halves"):  # Hydra names the bad Enum value
         job("cluster.placement=halves")
+
+
+def test_backend_refuses_knobs_it_does_not_implement():
+    """issue 18: a knob a backend does not implement is refused naming the override and who has it."""
+    from areal_jobs.config import AlgoConfig, JobConfig, TrainerBackend, TrainerConfig
+    from areal_jobs.config.support import LIMITED
+
+    for name in LIMITED:
+        value = {"ppo_minibatches": 2, "kl_coef": 0.1}[name]
+        algo = AlgoConfig(**{name: value})
+        JobConfig(algo=algo)  # torch implements it
+        with pytest.raises(
+            ValueError, match=rf"algo.{name}={value} is not implemented by trainer=megatron.*trainer=torch"
+        ):
+            JobConfig(algo=algo, trainer=TrainerConfig(backend=TrainerBackend.megatron))
+
+
+def test_fsdp_refuses_the_reference_kl_and_accepts_minibatches():
+    from areal_jobs.config import AlgoConfig, JobConfig, TrainerBackend, TrainerConfig
+
+    fsdp = TrainerConfig(backend=TrainerBackend.fsdp, dp_size=2)
+    JobConfig(algo=AlgoConfig(ppo_minibatches=2), trainer=fsdp)
+    with pytest.raises(
+        ValueError, match=r"algo.kl_coef=0.1 is not implemented by trainer=fsdp; trainer=torch"
+    ):
+        JobConfig(algo=AlgoConfig(kl_coef=0.1), trainer=fsdp)

@@ -8,7 +8,7 @@ from areal_jobs.trainer.batch import assemble, split_fresh
 from areal_jobs.transport import messages as m
 
 
-def group(gid, versions_per_sample, rewards):
+def group(gid, versions_per_sample, rewards, finish=None):
     samples = tuple(
         m.SampleTrajectory(
             sample_id=f"{gid}/{i}",
@@ -17,7 +17,7 @@ def group(gid, versions_per_sample, rewards):
             versions=np.asarray(v, dtype=np.int32),
             reward=r,
             reward_status="ok",
-            finish_reason="stop",
+            finish_reason=(finish or {}).get(i, "stop"),
             num_interruptions=0,
         )
         for i, (v, r) in enumerate(zip(versions_per_sample, rewards))
@@ -54,3 +54,24 @@ def test_stale_group_is_an_invariant_violation():
     algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=0)
     with pytest.raises(AssertionError):
         assemble([group("g1", [[1], [2]], [1.0, 0.0])], trainer_version=2, algo=algo)
+
+
+def test_overlong_shaping_and_mask_truncated():
+    # max_new_tokens 4, buffer 2: a 3-token answer loses 0.5 * 1.0, a 4-token one (cut) the full 1.0
+    algo = AlgoConfig(
+        batch_size=1, group_size=3, advantage=Advantage.drgrpo, overlong_buffer=2, mask_truncated=True
+    )
+    g = group("g1", [[1], [1, 1, 1], [1, 1, 1, 1]], [1.0, 1.0, 1.0], finish={2: "length"})
+    batch = assemble([g], 1, algo, max_new_tokens=4)
+    assert [s.reward for s in batch.samples] == pytest.approx([1.0, 0.5, 0.0])
+    # Dr.GRPO advantages of the shaped rewards: mean 0.5
+    assert [s.advantage for s in batch.samples] == pytest.approx([0.5, 0.0, -0.5])
+    assert batch.samples[0].loss_mask is None and batch.samples[2].mask().tolist() == [0, 0, 0, 0]
+    assert batch.max_new_tokens == 4
+
+
+def test_batch_whitening_in_assemble():
+    algo = AlgoConfig(batch_size=1, group_size=2, advantage=Advantage.drgrpo, adv_batch_norm=True)
+    batch = assemble([group("g1", [[1, 1, 1], [1]], [1.0, -1.0])], 1, algo)
+    # advantages 1 (3 tokens), -1 (1 token): token mean 0.5, unbiased token std 1
+    assert [s.advantage for s in batch.samples] == pytest.approx([0.5 / (1 + 1e-5), -1.5 / (1 + 1e-5)])

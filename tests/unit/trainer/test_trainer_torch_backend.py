@@ -96,3 +96,26 @@ def test_several_ppo_minibatches_take_several_clipped_steps(tiny_model_dir):
     assert metrics["train/num_minibatches"] == 3
     # after the first optimiser step the policy moved: ratios differ from 1 in later minibatches
     assert metrics["ppo/approx_kl"] != 0.0
+
+
+def test_decoupled_false_anchors_on_the_behaviour_policy(tiny_model_dir):
+    """Naive PPO (algo.decoupled=false): p = b, so w = 1 and r = exp(θ - b) is clipped at once
+    for many tokens (behaviour log-probs -5 vs the model's), unlike the decoupled step where r = 1."""
+    batch = make_batch()
+    naive = make_backend(tiny_model_dir, decoupled=False).train_step(batch)
+    assert naive["train/prox_behav_abs_diff"] == 0.0 and naive["mismatch/k3_kl"] == 0.0
+    assert naive["ppo/behav_weight_mean"] == 1.0 and naive["ppo/clip_fraction"] > 0.2
+    decoupled = make_backend(tiny_model_dir).train_step(batch)
+    assert decoupled["train/prox_behav_abs_diff"] > 0.1 and decoupled["ppo/clip_fraction"] == 0.0
+    assert decoupled["ppo/ratio_mean"] == pytest.approx(1.0)
+
+
+def test_kl_to_the_reference_is_zero_at_the_start_and_reported(tiny_model_dir):
+    """The reference is the initial weights: at the first step θ = ref, so every estimator is 0
+    and the loss equals the loss without KL; the entropy is reported."""
+    batch = make_batch()
+    plain = make_backend(tiny_model_dir).train_step(batch)
+    with_kl = make_backend(tiny_model_dir, kl_coef=0.5).train_step(batch)
+    assert with_kl["ppo/kl_ref"] == pytest.approx(0.0, abs=1e-7)
+    assert with_kl["train/loss"] == pytest.approx(plain["train/loss"], abs=1e-6)
+    assert plain["ppo/entropy"] > 0

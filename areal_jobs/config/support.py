@@ -1,0 +1,40 @@
+"""Which trainer backend implements which objective knob: the one table the config validation
+and the backend contract test (tests/integration/contract/) both read.
+
+Every `AlgoConfig` field is either implemented by every backend, or listed in `LIMITED` with the
+backends that implement a non-default value. A non-default value on another backend is refused
+when the config is validated (never silently ignored).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from areal_jobs.config.algo import AlgoConfig
+from areal_jobs.config.trainer import TrainerBackend
+
+# field -> backends that implement values other than the default
+LIMITED: dict[str, tuple[str, ...]] = {
+    # Megatron runs one optimiser step per batch (its schedule accumulates over all micro-batches);
+    # the FSDP backend splits the batch into minibatches like the torch backend
+    "ppo_minibatches": ("torch", "fsdp"),
+    # a reference model is a second frozen copy: only the torch backend keeps one (FSDP and
+    # Megatron would need it sharded like the policy)
+    "kl_coef": ("torch",),
+}
+
+
+def check_backend_support(algo: AlgoConfig, backend: TrainerBackend) -> None:
+    """Raise ValueError naming the override and the backends that support it."""
+    defaults = AlgoConfig()
+    for name, backends in LIMITED.items():
+        value = getattr(algo, name)
+        if value != getattr(defaults, name) and backend.value not in backends:
+            raise ValueError(
+                f"algo.{name}={value} is not implemented by trainer={backend.value}; "
+                f"trainer={'/'.join(backends)} implements it (or leave algo.{name}={getattr(defaults, name)})"
+            )
+
+
+def algo_field_names() -> list[str]:
+    return [f.name for f in fields(AlgoConfig)]

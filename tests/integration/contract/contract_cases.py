@@ -1,0 +1,150 @@
+"""The backend contract's matrix, derived from the AlgoConfig schema, and its fixed inputs.
+
+Every AlgoConfig field is in exactly one of:
+  IN_MATRIX  changes the loss or the batch the backends see: at least one case sets it;
+  REFUSED    refused on some backend at config validation (config/support.py); the test checks
+             the refusal instead of comparing;
+  NOT_OBJECTIVE  decides which groups are generated and when (admission, staleness, batch shape):
+             the backends never see it.
+A new field in none of them fails test_every_algo_field_is_covered.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
+
+from harness import VOCAB, exported, trainer_config  # noqa: E402
+
+BASE = dict(batch_size=4, group_size=3, max_staleness=4)
+MAX_NEW_TOKENS = 24
+
+# name -> overrides. Clip cases run with decoupled=false: with one minibatch the proximal policy
+# IS the current one (r = 1), so only stale behaviour log-probs as the anchor make r != 1.
+CASES: dict[str, dict] = {
+    "default": {},
+    "decoupled_false": dict(decoupled=False),
+    "clip_higher": dict(decoupled=False, eps_clip_high=0.28),
+    "dual_clip": dict(decoupled=False, dual_clip_c=1.2),
+    "drop_cap": dict(behav_weight_cap=1.1),
+    "truncate": dict(behav_weight_mode="truncate", behav_weight_cap=1.1),
+    "seq_mask": dict(behav_weight_mode="seq_mask", mis_low=0.9, mis_high=1.1),
+    "seq_mean_token_mean": dict(loss_agg="seq_mean_token_mean"),
+    "seq_mean_token_sum": dict(loss_agg="seq_mean_token_sum"),
+    "drgrpo_norm": dict(loss_agg="seq_mean_token_sum_norm", advantage="drgrpo"),
+    "rloo": dict(advantage="rloo"),
+    "biased_std_eps": dict(adv_std="biased", adv_eps=1e-3),
+    "adv_batch_norm": dict(adv_batch_norm=True),
+    "overlong": dict(overlong_buffer=8, overlong_penalty=0.5),
+    "mask_truncated": dict(mask_truncated=True),
+    "filter_uniform": dict(filter_uniform_groups=True),
+}
+REFUSED = {"ppo_minibatches": 2, "kl_coef": 0.1, "kl_estimator": None}  # kl_estimator acts only with kl_coef
+NOT_OBJECTIVE = {"max_staleness", "batch_size", "group_size", "max_discarded_groups"}
+
+
+def algo_for(case: str):
+    from areal_jobs.config.algo import (
+        Advantage,
+        AdvStd,
+        AlgoConfig,
+        BehavWeightMode,
+        LossAgg,
+    )
+
+    enums = {
+        "advantage": Advantage,
+        "adv_std": AdvStd,
+        "behav_weight_mode": BehavWeightMode,
+        "loss_agg": LossAgg,
+    }
+    fields = {k: enums[k](v) if k in enums else v for k, v in CASES[case].items()}
+    return AlgoConfig(**BASE, **fields)
+
+
+def groups():
+    """4 prompt groups x 3 answers, lengths 1..24 (one cut at max_new_tokens), one all-equal
+    reward group, behaviour log-probs 1-2 versions stale and noisy."""
+    from areal_jobs.transport import messages as m
+
+    rng = np.random.default_rng(7)
+    rewards = [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.3, 0.7, 1.0]]
+    lengths = [[24, 3, 9], [5, 1, 12], [2, 17, 6], [11, 4, 8]]
+    out = []
+    for g in range(4):
+        samples = []
+        for i in range(3):
+            n = lengths[g][i]
+            samples.append(
+                m.SampleTrajectory(
+                    sample_id=f"g{g}/{i}",
+                    output_ids=rng.integers(1, VOCAB, size=n).astype(np.int32),
+                    logprobs=(np.log(1.0 / VOCAB) + 0.3 * rng.standard_normal(n)).astype(np.float32),
+                    versions=np.full(n, 1 + (g + i) % 2, dtype=np.int32),
+                    reward=rewards[g][i],
+                    reward_status="ok",
+                    finish_reason="length" if n == MAX_NEW_TOKENS else "stop",
+                    num_interruptions=0,
+                )
+            )
+        prompt = rng.integers(1, VOCAB, size=int(rng.integers(3, 9))).astype(np.int32)
+        out.append(m.TrajectoryGroup(f"g{g}", g, prompt, tuple(samples)))
+    return out
+
+
+def batch_for(case: str):
+    """The fixed batch as `assemble` builds it for this case's AlgoConfig, plus masked tokens
+    (a loss mask with holes on two samples), at trainer version 3."""
+    from areal_jobs.trainer.batch import assemble
+
+    batch = assemble(groups(), 3, algo_for(case), MAX_NEW_TOKENS)
+    for index in (2, 5):
+        s = batch.samples[index]
+        mask = np.ones(s.num_output_tokens, np.uint8) if s.loss_mask is None else s.loss_mask.copy()
+        mask[1::3] = 0
+        batch.samples[index] = replace(s, loss_mask=mask)
+    return batch
+
+
+def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cases: list[str]) -> dict:
+    """One spawned rank: every case on fresh weights, in this one process (ranks reused)."""
+    import gc
+
+    from areal_jobs.config import DType
+    from areal_jobs.trainer.megatron_backend import MegatronBackend, init_distributed
+
+    cfg = trainer_config(tp, 1, dp)
+    init_distributed(cfg, timeout_s=120.0)
+    out = {}
+    for case in cases:
+        backend = MegatronBackend(cfg, algo_for(case), model_dir, DType.float32)
+        backend.setup()
+        metrics = backend.train_step(batch_for(case) if rank == 0 else None)
+        out[case] = {"metrics": metrics, "after": exported(backend)}
+        del backend
+        gc.collect()
+    return out
+
+
+def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict:
+    from areal_jobs.config import DType, TrainerBackend
+    from areal_jobs.trainer.torch_backend import TorchBackend
+
+    cfg = replace(trainer_config(), backend=TrainerBackend.torch)
+    out = {}
+    for case in cases:
+        backend = TorchBackend(cfg, algo_for(case), model_dir, DType.float32)
+        backend.setup()
+        if not out:
+            out["before"] = {k: v.detach().numpy().copy() for k, v in backend.iter_weights()}
+        metrics = backend.train_step(batch_for(case))
+        out[case] = {
+            "metrics": metrics,
+            "after": {k: v.detach().numpy().copy() for k, v in backend.iter_weights()},
+        }
+    return out
