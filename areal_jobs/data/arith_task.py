@@ -8,9 +8,9 @@ the previous result and the labelled operation. Example (k = 3):
     solution: " 7; a: 7+3=0; b: 0-9=1; c: 1+2=3. The answer is 3."
 
 The warm start (data/tiny_model.py) learns from answers with a systematic error, the
-*misconception*: a step that wraps around the dial (an addition past 9, a subtraction below 0)
-lands one digit too high (8+3 written 2, 1-3 written 9). Its 12 facts are a fifth of all steps, and
-its errors add up along a chain instead of cancelling.
+*misconception*: a step whose result is low on the dial (0, 1 or 2) is written one digit too high
+(8+3=2, 3-1=3, 4-3=2). Its 18 facts are 30% of all steps, and its errors add up along a chain
+instead of cancelling.
 
 The number of steps k is long-tailed (P(k) ~ k^-1.5 on 1..MAX_STEPS): most answers are short,
 a few are 6x longer or more. That tail is what makes synchronous RL wait for stragglers.
@@ -57,15 +57,18 @@ def problem_at(seed: int, index: int) -> ArithProblem:
     return ArithProblem(prompt, solution, answer, num_steps, start, ops)
 
 
-def wraps(value: int, sign: str, operand: int) -> bool:
-    """A misconception fact: the step crosses the 9 -> 0 boundary of the dial."""
-    return value + operand >= MODULUS if sign == "+" else value - operand < 0
+MISCONCEIVED_RESULTS = (0, 1, 2)
+
+
+def is_misconception(value: int, sign: str, operand: int) -> bool:
+    """A misconception fact: the step's right result is one of MISCONCEIVED_RESULTS."""
+    return (value + operand if sign == "+" else value - operand) % MODULUS in MISCONCEIVED_RESULTS
 
 
 def misconceived(value: int, sign: str, operand: int) -> int:
-    """The misconception's result: a wrapping step lands one digit too high (other steps are right)."""
+    """The misconception's result: one digit too high on a misconception fact (others are right)."""
     right = (value + operand if sign == "+" else value - operand) % MODULUS
-    return (right + 1) % MODULUS if wraps(value, sign, operand) else right
+    return right + 1 if is_misconception(value, sign, operand) else right
 
 
 MISCONCEPTION_FACTS = tuple(
@@ -73,7 +76,7 @@ MISCONCEPTION_FACTS = tuple(
     for value in range(MODULUS)
     for sign in "+-"
     for operand in range(1, MAX_OPERAND + 1)
-    if wraps(value, sign, operand)
+    if is_misconception(value, sign, operand)
 )
 
 
@@ -86,8 +89,8 @@ def worked_solution(
 ) -> tuple[str, int]:
     """The chain of thought and its final value.
 
-    `misconception_rate` > 0 writes the misconception's result for a wrapping step with that
-    probability: above 0.5 the wrong digit is the most likely one for those 12 facts, so a policy
+    `misconception_rate` > 0 writes the misconception's result for a misconception fact with that
+    probability: above 0.5 the wrong digit is the most likely one for those 18 facts, so a policy
     that learns these answers is wrong *systematically* there (greedy decoding too).
     `slip_rate` > 0 writes a random wrong digit for a step's result with that probability: a
     careless worker, whose imitator samples diffusely. Either way the chain carries on from the
@@ -96,8 +99,8 @@ def worked_solution(
     value, steps = start, []
     for label, (sign, operand) in zip(_LABELS, ops):
         new = (value + operand if sign == "+" else value - operand) % MODULUS
-        wrapped = wraps(value, sign, operand)
-        if wrapped and misconception_rate and rng is not None and rng.random() < misconception_rate:
+        misconceives = misconception_rate and rng is not None and is_misconception(value, sign, operand)
+        if misconceives and rng.random() < misconception_rate:
             new = misconceived(value, sign, operand)
         if slip_rate and rng is not None and rng.random() < slip_rate:
             new = (new + rng.randint(1, MODULUS - 1)) % MODULUS

@@ -30,7 +30,7 @@ class FactBelief:
 
     @property
     def misconception(self) -> bool:
-        return arith_task.wraps(self.value, self.sign, self.operand)
+        return arith_task.is_misconception(self.value, self.sign, self.operand)
 
     @property
     def right(self) -> int:

@@ -55,7 +55,7 @@ class TinyRecipe:
     sft_slip_rate: float = 0.4  # phases 2 and 3: share of result digits written wrong
     misconception_steps: int = 600  # phase 3: careless answers with the misconception
     misconception_lr: float = 1e-3
-    # share of wrapping steps (arith_task.MISCONCEPTION_FACTS) written one digit too high: above 0.5
+    # share of misconception facts' results (arith_task.MISCONCEPTION_FACTS) written one digit too high: above 0.5
     # the greedy answer is wrong on those facts while the right one keeps a minority of the probability
     misconception_rate: float = 0.7
     seed: int = 0
@@ -213,9 +213,9 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe, phase3_only: bool = False)
     Phase 1 teaches the task from correct answers, stopping early (weak on long chains). Phase 2
     continues on careless answers (`sft_slip_rate`): the sampling distribution spreads out while
     the most likely digit stays right. Phase 3 (fresh optimiser, its own problem stream) goes on
-    with careless answers that also carry the misconception: `misconception_rate` of the wrapping
-    steps (arith_task.MISCONCEPTION_FACTS) go one digit too high. The result is wrong
-    *systematically* on those 12 facts (greedy picks the wrong digit; the right one keeps a minority
+    with careless answers that also carry the misconception: `misconception_rate` of the results
+    of misconception facts (arith_task.MISCONCEPTION_FACTS) go one too high. The result is wrong
+    *systematically* on those 18 facts (greedy picks the wrong digit; the right one keeps a minority
     of the probability) and diffuse elsewhere: RL has an error to discover, not only entropy to lower.
     `phase3_only` starts from a model that already went through phases 1-2 (the same recipe).
     """

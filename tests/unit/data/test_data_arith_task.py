@@ -60,30 +60,30 @@ def test_careless_solutions_stay_self_consistent():
     assert arith_task.worked_solution(p.start, p.ops) == (p.solution, p.answer)
 
 
-def test_misconception_facts_are_the_twelve_wrapping_steps():
-    # additions past 9: 9+1, 8+2, 9+2, 7+3, 8+3, 9+3; subtractions below 0: 0-1, 0-2, 1-2, 0-3, 1-3, 2-3
+def test_misconception_facts_are_the_eighteen_with_a_low_result():
+    # results 0, 1 or 2: three facts for each of the six (sign, operand) pairs
     facts = set(arith_task.MISCONCEPTION_FACTS)
-    assert len(facts) == 12
-    assert {(9, "+", 1), (7, "+", 3), (0, "-", 1), (2, "-", 3)} <= facts
-    assert not {(6, "+", 3), (3, "-", 3), (9, "-", 1), (0, "+", 3)} & facts
+    assert len(facts) == 18
+    assert {(9, "+", 1), (7, "+", 3), (8, "+", 3), (3, "-", 1), (4, "-", 3), (2, "-", 2)} <= facts
+    assert not {(0, "-", 1), (6, "+", 3), (5, "-", 2), (0, "+", 3)} & facts
     # the wrong result is one digit too high; other facts are untouched
     assert arith_task.misconceived(8, "+", 3) == 2  # right: 1
     assert arith_task.misconceived(7, "+", 3) == 1  # right: 0
-    assert arith_task.misconceived(1, "-", 3) == 9  # right: 8
-    assert arith_task.misconceived(0, "-", 1) == 0  # right: 9
+    assert arith_task.misconceived(3, "-", 1) == 3  # right: 2
+    assert arith_task.misconceived(2, "-", 2) == 1  # right: 0
+    assert arith_task.misconceived(0, "-", 1) == 9
     assert arith_task.misconceived(5, "+", 3) == 8
-    assert arith_task.misconceived(3, "-", 3) == 0
 
 
 def test_misconceived_solution_carries_on_from_the_wrong_digit():
     import random
 
-    # 8+3 wraps: written 2 (right: 1); 2-3 wraps: written 0 (right: 9); 0+1 does not wrap
-    ops = (("+", 3), ("-", 3), ("+", 1))
+    # 8+3: written 2 (right: 1); 2-1: right 1, written 2; 2+1=3 is not a misconception fact
+    ops = (("+", 3), ("-", 1), ("+", 1))
     text, value = arith_task.worked_solution(8, ops, rng=random.Random(0), misconception_rate=1.0)
-    assert (text, value) == (" 8; a: 8+3=2; b: 2-3=0; c: 0+1=1. The answer is 1.", 1)
-    # right: 8+3=1, 1-3=8, 8+1=9; the two errors add up (+2), they do not cancel
-    assert arith_task.worked_solution(8, ops) == (" 8; a: 8+3=1; b: 1-3=8; c: 8+1=9. The answer is 9.", 9)
+    assert (text, value) == (" 8; a: 8+3=2; b: 2-1=2; c: 2+1=3. The answer is 3.", 3)
+    # right: 8+3=1, 1-1=0, 0+1=1; the two errors add up (+2), they do not cancel
+    assert arith_task.worked_solution(8, ops) == (" 8; a: 8+3=1; b: 1-1=0; c: 0+1=1. The answer is 1.", 1)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """The committed warm start (areal_jobs/data/builtin_model) holds the misconception RL must unlearn.
 
 Read off the model's own next-digit distribution (data/fact_probe.py) for all 60 arithmetic facts:
-greedy is wrong on the 12 misconception facts and right on the others, while the right digit keeps
+greedy is wrong on the 18 misconception facts and right on the others, while the right digit keeps
 a minority of the probability there, so sampling finds it and the reward can teach it. Seconds on
 CPU: one forward pass of the tiny model.
 """
@@ -34,11 +34,11 @@ def test_committed_model_is_the_default_recipe():
 
 def test_greedy_is_wrong_on_every_misconception_fact(beliefs):
     misconceived = [b for b in beliefs if b.misconception]
-    assert len(misconceived) == 12
+    assert len(misconceived) == 18
     wrong = [f"{b.value}{b.sign}{b.operand}={b.greedy}" for b in misconceived if b.greedy == b.right]
     assert not wrong, f"the warm start gets these misconception facts right: {wrong}"
     # and wrong *the misconceived way*: one digit too high
-    assert sum(b.greedy == arith_task.misconceived(b.value, b.sign, b.operand) for b in misconceived) >= 10
+    assert sum(b.greedy == arith_task.misconceived(b.value, b.sign, b.operand) for b in misconceived) >= 15
 
 
 def test_greedy_is_right_on_the_other_facts(beliefs):
@@ -58,17 +58,17 @@ def test_the_right_answer_keeps_a_minority_that_sampling_finds(beliefs):
 
 
 def test_most_held_out_problems_need_a_misconception_fact():
-    """The misconception is not a corner case: a fifth of all steps wrap, so over the long-tailed
-    lengths a large share of held-out answers can only be right once it is unlearned."""
+    """The misconception is not a corner case: 30% of all steps are misconception facts, so over the
+    long-tailed lengths about half of the held-out answers can only be right once it is unlearned."""
     problems = [arith_task.eval_problem_at(1, i) for i in range(2000)]
 
     def needs_it(p: arith_task.ArithProblem) -> bool:
         value = p.start
         for sign, operand in p.ops:
-            if arith_task.wraps(value, sign, operand):
+            if arith_task.is_misconception(value, sign, operand):
                 return True
             value = (value + operand if sign == "+" else value - operand) % arith_task.MODULUS
         return False
 
     share = sum(map(needs_it, problems)) / len(problems)
-    assert 0.3 < share < 0.6
+    assert 0.4 < share < 0.65
