@@ -13,6 +13,8 @@ logger = logging.getLogger(__name__)
 FINAL_KEYS = (
     "accuracy_start",
     "accuracy_end",
+    "greedy_accuracy_start",
+    "greedy_accuracy_end",
     "steps",
     "wall_s",
     "max_staleness_seen",
@@ -29,14 +31,29 @@ def final_line(summary: dict) -> str:
     return "final: " + " ".join(parts)
 
 
+LENGTH_COLUMNS = ("greedy_start", "greedy_end", "sampled_start", "sampled_end")
+
+
+def length_table(by_length: dict[str, dict]) -> str:
+    """summary.json's `by_length` as an aligned text table (one row per chain-length bucket)."""
+    lines = ["steps   prompts  " + "  ".join(f"{c:>13s}" for c in LENGTH_COLUMNS)]
+    for bucket, row in by_length.items():
+        cells = [
+            f"{row[c]:13.3f}" if isinstance(row.get(c), float) else f"{'-':>13s}" for c in LENGTH_COLUMNS
+        ]
+        lines.append(f"{bucket:7s} {row.get('num_prompts', 0):7d}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
 def write_summary(run_dir: Path, summary: dict) -> Path:
     path = run_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=True))
     return path
 
 
-def plot_run(run_dir: Path) -> Path | None:
-    """Reward (training batches) and held-out accuracy against step, as PNG."""
+def plot_run(run_dir: Path, summary: dict | None = None) -> Path | None:
+    """Reward (training batches) and held-out accuracy against step, as PNG; beside it, accuracy per
+    chain length before and after training when `summary` has a `by_length` table."""
     try:
         import matplotlib
 
@@ -54,7 +71,12 @@ def plot_run(run_dir: Path) -> Path | None:
         for r in rows
         if "eval/greedy_accuracy" in r
     ]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    table = (summary or {}).get("by_length") or {}
+    if table:
+        fig, (ax, ax_len) = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [7, 6]})
+        _plot_lengths(ax_len, table)
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         ax.plot(*zip(*train), label="train reward (batch mean)", alpha=0.6)
     if acc:
@@ -71,3 +93,24 @@ def plot_run(run_dir: Path) -> Path | None:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _plot_lengths(ax, table: dict[str, dict]) -> None:
+    """Grouped bars: held-out accuracy per chain-length bucket, greedy and sampled, start and end."""
+    buckets = list(table)
+    styles = {"greedy_start": ("#9ecae1", ""), "greedy_end": ("#08519c", ""),
+              "sampled_start": ("#fdae6b", "//"), "sampled_end": ("#a63603", "//")}  # fmt: skip
+    width = 0.8 / len(LENGTH_COLUMNS)
+    for j, column in enumerate(LENGTH_COLUMNS):
+        xs = [i + (j - 1.5) * width for i in range(len(buckets))]
+        ys = [table[b].get(column) or 0.0 for b in buckets]
+        color, hatch = styles[column]
+        ax.bar(xs, ys, width, label=column.replace("_", " "), color=color, hatch=hatch, edgecolor="white")
+    ax.set_xticks(range(len(buckets)))
+    ax.set_xticklabels([f"{b}\n(n={table[b].get('num_prompts', 0)})" for b in buckets])
+    ax.set_xlabel("chain length (steps)")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("before / after RL, by chain length")

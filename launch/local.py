@@ -39,7 +39,7 @@ from areal_jobs.config import (
 )
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import read_jsonl
-from areal_jobs.report import final_line
+from areal_jobs.report import final_line, length_table
 from launch.placement import colocated_schedule
 
 logger = logging.getLogger("launch.local")
@@ -219,6 +219,10 @@ def launch(cfg: JobConfig) -> int:
         return 3
     summary = json.loads((run_dir / "summary.json").read_text())
     print(final_line(summary), flush=True)
+    if summary.get("by_length"):
+        print(
+            "held-out accuracy by chain length (start -> end of RL):\n" + length_table(summary["by_length"])
+        )
     print(f"run directory: {run_dir} (summary.json, metrics.jsonl, reward_accuracy.png, final_hf/, logs/)")
     return 0
 

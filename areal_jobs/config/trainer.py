@@ -29,7 +29,7 @@ class TrainerConfig:
 
     backend: TrainerBackend = TrainerBackend.torch
     total_steps: int = 100
-    lr: float = 3e-4
+    lr: float = 1.5e-4  # built-in task: 3e-4 unlearned its misconception but could break the "+" token
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999

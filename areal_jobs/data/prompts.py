@@ -30,6 +30,7 @@ class Prompt:
     input_ids: list[int]
     reward_task: str  # reward registry name
     reference: str  # what the reward function compares against
+    bucket: str = ""  # evaluation reports accuracy per bucket (built-in task: chain length); "" = none
 
 
 @dataclass
@@ -141,7 +142,8 @@ def eval_prompts(
         out = []
         for i in range(cfg.num_eval_prompts):
             problem = arith_task.eval_problem_at(cfg.seed, i)
-            out.append(Prompt(-1 - i, encode(render(problem.prompt)), "arith", str(problem.answer)))
+            bucket = arith_task.length_bucket(problem.num_steps)
+            out.append(Prompt(-1 - i, encode(render(problem.prompt)), "arith", str(problem.answer), bucket))
         return out
     if not rows:
         return []

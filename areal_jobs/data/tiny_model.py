@@ -52,9 +52,14 @@ class TinyRecipe:
     sft_lr: float = 3e-3
     careless_steps: int = 300  # phase 2: careless answers at a constant rate
     careless_lr: float = 1e-3
-    sft_slip_rate: float = 0.4  # phase 2: share of result digits written wrong
+    sft_slip_rate: float = 0.4  # phases 2 and 3: share of result digits written wrong
+    misconception_steps: int = 600  # phase 3: careless answers with the misconception
+    misconception_lr: float = 1e-3
+    # share of misconception facts' results (arith_task.MISCONCEPTION_FACTS) written one digit too high: above 0.5
+    # the greedy answer is wrong on those facts while the right one keeps a minority of the probability
+    misconception_rate: float = 0.7
     seed: int = 0
-    recipe_version: int = 2
+    recipe_version: int = 3
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int):
@@ -107,8 +112,16 @@ def model_config(recipe: TinyRecipe, vocab_size: int):
 PACKAGED_DIR = Path(__file__).resolve().parent / "builtin_model"
 
 
-def build_builtin_model(out_dir: Path, recipe: TinyRecipe, threads: int = 2, force: bool = False) -> Path:
-    """Build (or reuse) the warm-started tiny model in `out_dir`; returns `out_dir`."""
+_PHASE3_FIELDS = ("misconception_steps", "misconception_lr", "misconception_rate", "recipe_version")
+
+
+def build_builtin_model(
+    out_dir: Path, recipe: TinyRecipe, threads: int = 2, force: bool = False, base: Path | None = None
+) -> Path:
+    """Build (or reuse) the warm-started tiny model in `out_dir`; returns `out_dir`.
+
+    `base`: a built model whose recipe agrees on everything before phase 3; its weights are the
+    phase-2 result, so only phase 3 runs (minutes saved; the same result up to float rounding)."""
     import torch
     from transformers import Qwen2ForCausalLM
 
@@ -126,12 +139,24 @@ def build_builtin_model(out_dir: Path, recipe: TinyRecipe, threads: int = 2, for
     torch.set_num_threads(threads)
     torch.manual_seed(recipe.seed)
     tokenizer = build_tokenizer(out_dir, recipe.vocab_size)
-    model = Qwen2ForCausalLM(model_config(recipe, len(tokenizer)))
-    final_loss = _warm_start(model, tokenizer, recipe)
+    if base is None:
+        model = Qwen2ForCausalLM(model_config(recipe, len(tokenizer)))
+    else:
+        base_recipe = json.loads((base / "build.json").read_text())["recipe"]
+        differ = [k for k, v in asdict(recipe).items() if k not in _PHASE3_FIELDS and base_recipe.get(k) != v]
+        if differ:
+            raise ValueError(f"--base {base} was built with other phase-1/2 settings: {differ}")
+        model = Qwen2ForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
+    final_loss = _warm_start(model, tokenizer, recipe, phase3_only=base is not None)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     info = {"recipe": asdict(recipe), "sft_final_loss": final_loss, "build_s": time.time() - t0}
+    if base is not None:
+        info["phases_1_2_from"] = json.loads((base / "build.json").read_text())
     if recipe.sft_steps:
+        from areal_jobs.data import fact_probe
+
         info["heldout"] = heldout_accuracy(model, tokenizer)
+        info["facts"] = fact_probe.summarize(fact_probe.probe(model, tokenizer))
     stamp.write_text(json.dumps(info, indent=2))
     logger.info("built-in model built in %.0fs (SFT loss %.3f) -> %s", info["build_s"], final_loss, out_dir)
     return out_dir
@@ -182,47 +207,88 @@ def sft_example(
     return prompt + answer, len(prompt)
 
 
-def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
-    """Packed SFT (no padding) in two phases; each step packs examples up to `sft_tokens_per_step`.
+def _warm_start(model, tokenizer, recipe: TinyRecipe, phase3_only: bool = False) -> float:
+    """Packed SFT (no padding) in three phases; each step packs examples up to `sft_tokens_per_step`.
 
     Phase 1 teaches the task from correct answers, stopping early (weak on long chains). Phase 2
-    continues on careless answers (`sft_slip_rate`): the most likely digit stays right while the
-    sampling distribution spreads out, so sampling at temperature 1 is much weaker than greedy
-    decoding. That gap is what RL closes first, as it does for real SFT'd policies.
+    continues on careless answers (`sft_slip_rate`): the sampling distribution spreads out while
+    the most likely digit stays right. Phase 3 (fresh optimiser, its own problem stream) goes on
+    with careless answers that also carry the misconception: `misconception_rate` of the results
+    of misconception facts (arith_task.MISCONCEPTION_FACTS) go one too high. The result is wrong
+    *systematically* on those 18 facts (greedy picks the wrong digit; the right one keeps a minority
+    of the probability) and diffuse elsewhere: RL has an error to discover, not only entropy to lower.
+    `phase3_only` starts from a model that already went through phases 1-2 (the same recipe).
     """
+    import torch
+
+    if not recipe.sft_steps:  # sft_steps=0: an untrained model (fast, for tests)
+        return float("nan")
+    loss = float("nan")
+    if not phase3_only:
+        warmup = max(1, recipe.sft_decay_steps // 10)
+        slips = random.Random(recipe.seed + 1)
+
+        def lr12(step: int) -> float:
+            if step >= recipe.sft_steps:
+                return recipe.careless_lr
+            if step < warmup:
+                return recipe.sft_lr * (step + 1) / warmup
+            progress = (step - warmup) / max(1, recipe.sft_decay_steps - warmup)
+            return recipe.sft_lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+        def answer12(problem: arith_task.ArithProblem, step: int) -> str | None:
+            if step < recipe.sft_steps:
+                return None
+            return arith_task.worked_solution(problem.start, problem.ops, recipe.sft_slip_rate, slips)[0]
+
+        opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
+        total = recipe.sft_steps + recipe.careless_steps
+        loss = _sft_loop(model, tokenizer, opt, recipe, total, lr12, answer12, SFT_SEED, "warm start (SFT)")
+    if recipe.misconception_steps:
+        mistakes = random.Random(recipe.seed + 2)
+        warmup3 = max(1, recipe.misconception_steps // 10)
+
+        def lr3(step: int) -> float:  # warm-up, then cosine to 0: the last weights fit the data's odds
+            if step < warmup3:
+                return recipe.misconception_lr * (step + 1) / warmup3
+            progress = (step - warmup3) / max(1, recipe.misconception_steps - warmup3)
+            return recipe.misconception_lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+        def answer3(problem: arith_task.ArithProblem, step: int) -> str:
+            return arith_task.worked_solution(
+                problem.start, problem.ops, recipe.sft_slip_rate, mistakes,
+                misconception_rate=recipe.misconception_rate,
+            )[0]  # fmt: skip
+
+        opt = torch.optim.AdamW(model.parameters(), lr=recipe.misconception_lr, weight_decay=0.0)
+        loss = _sft_loop(
+            model, tokenizer, opt, recipe, recipe.misconception_steps, lr3, answer3, SFT_SEED + 1,
+            "warm start (misconception)",
+        )  # fmt: skip
+    model.eval()
+    return loss
+
+
+def _sft_loop(model, tokenizer, opt, recipe: TinyRecipe, steps: int, lr_at, answer_at, stream_seed: int,
+              desc: str) -> float:  # fmt: skip
+    """`steps` packed SFT steps on problems `stream_seed`, 0, 1, ...; `answer_at(problem, step)` is
+    the worked answer to imitate (None: the correct one). Returns the last step's loss."""
     import numpy as np
     import torch
     from tqdm import tqdm
 
     from areal_jobs.data.packing import balanced_microbatches, pack
 
-    warmup = max(1, recipe.sft_decay_steps // 10)
-
-    def phase1_factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.sft_decay_steps - warmup)))
-
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
-    slips = random.Random(recipe.seed + 1)
     model.train()
     loss_value, index = float("nan"), 0
-    # phase 2 continues phase 1: sft_steps=0 means an untrained model (fast, for tests)
-    total = recipe.sft_steps + recipe.careless_steps if recipe.sft_steps else 0
-    for step in tqdm(range(total), desc="warm start (SFT)", unit="step", mininterval=5.0):
-        careless = step >= recipe.sft_steps
+    for step in tqdm(range(steps), desc=desc, unit="step", mininterval=5.0):
         for group in opt.param_groups:
-            group["lr"] = recipe.careless_lr if careless else recipe.sft_lr * phase1_factor(step)
+            group["lr"] = lr_at(step)
         seqs, masks, used = [], [], 0
         while used < recipe.sft_tokens_per_step:
-            problem = arith_task.problem_at(SFT_SEED, index)
+            problem = arith_task.problem_at(stream_seed, index)
             index += 1
-            solution = None
-            if careless:
-                solution, _ = arith_task.worked_solution(
-                    problem.start, problem.ops, recipe.sft_slip_rate, slips
-                )
-            ids, prompt_len = sft_example(tokenizer, problem, solution)
+            ids, prompt_len = sft_example(tokenizer, problem, answer_at(problem, step))
             seqs.append(np.asarray(ids))
             masks.append(np.arange(len(ids)) >= prompt_len)  # loss on the answer and EOS only
             used += len(ids)
@@ -243,7 +309,6 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe) -> float:
             loss_value += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-    model.eval()
     return loss_value
 
 
@@ -254,11 +319,20 @@ def main(argv: list[str] | None = None) -> int:
         "--sft-steps", type=int, default=TinyRecipe.sft_steps, help="phase-1 warm-start steps"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--base", type=Path, default=None,
+        help="a model built with the same phase-1/2 settings: run phase 3 (the misconception) on it",
+    )  # fmt: skip
+    for name in ("misconception_steps", "misconception_rate", "misconception_lr"):
+        kind = type(getattr(TinyRecipe(), name))
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(TinyRecipe(), name))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    build_builtin_model(
-        args.out, replace(TinyRecipe(), sft_steps=args.sft_steps), threads=args.threads, force=True
-    )
+    recipe = replace(
+        TinyRecipe(), sft_steps=args.sft_steps, misconception_steps=args.misconception_steps,
+        misconception_rate=args.misconception_rate, misconception_lr=args.misconception_lr,
+    )  # fmt: skip
+    build_builtin_model(args.out, recipe, threads=args.threads, force=True, base=args.base)
     return 0
 
 

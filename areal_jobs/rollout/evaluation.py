@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from areal_jobs.api import FinishReason, GenerateRequest, RewardRequest, RewardScorer
 from areal_jobs.data.prompts import Prompt
@@ -31,6 +31,8 @@ class EvalSummary:
     num_prompts: int
     min_version: int
     max_version: int
+    by_bucket: dict[str, float] = field(default_factory=dict)  # accuracy per Prompt.bucket
+    bucket_sizes: dict[str, int] = field(default_factory=dict)  # prompts per Prompt.bucket
 
 
 async def evaluate(
@@ -105,12 +107,15 @@ async def evaluate(
             for i, (p, (ids, v0, v1, reason), r) in enumerate(zip(prompts, outputs, results))
         ])  # fmt: skip
     n = max(len(prompts), 1)
+    by_bucket, sizes = bucket_accuracy([p.bucket for p in prompts], rewards)
     summary = EvalSummary(
         accuracy=sum(1.0 for r in rewards if r >= 1.0) / n,
         mean_reward=sum(rewards) / n,
         num_prompts=len(prompts),
         min_version=min(versions, default=0),
         max_version=max(versions, default=0),
+        by_bucket=by_bucket,
+        bucket_sizes=sizes,
     )
     logger.info(
         "eval %s: accuracy %.3f over %d prompts (versions %d..%d)",
@@ -121,3 +126,14 @@ async def evaluate(
         summary.max_version,
     )
     return summary
+
+
+def bucket_accuracy(buckets: list[str], rewards: list[float]) -> tuple[dict[str, float], dict[str, int]]:
+    """Accuracy and prompt count per non-empty bucket, in order of first appearance."""
+    correct: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for bucket, r in zip(buckets, rewards):
+        if bucket:
+            sizes[bucket] = sizes.get(bucket, 0) + 1
+            correct[bucket] = correct.get(bucket, 0) + (r >= 1.0)
+    return {b: correct[b] / sizes[b] for b in sizes}, sizes

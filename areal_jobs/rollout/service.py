@@ -224,19 +224,13 @@ class ControllerService:
             self.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
             temperature=self.ctl.rollout.temperature, tag=f"{kind}-v{version}", **kwargs,
         )  # fmt: skip
-        await self._send(
-            m.EvalResult(version, summary.accuracy, summary.mean_reward, summary.num_prompts, kind)
-        )
+        await self._send(_eval_result(version, summary, kind))
         if greedy:
             summary = await evaluate(
                 self.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
                 temperature=0.0, tag=f"{kind}-greedy-v{version}", **kwargs,
             )  # fmt: skip
-            await self._send(
-                m.EvalResult(
-                    version, summary.accuracy, summary.mean_reward, summary.num_prompts, f"{kind}_greedy"
-                )
-            )
+            await self._send(_eval_result(version, summary, f"{kind}_greedy"))
 
     async def _stats_loop(self) -> None:
         last_tokens, last_t = self.ctl.counters.generated_tokens, time.monotonic()
@@ -267,3 +261,10 @@ class ControllerService:
         pending, self._outbox = self._outbox, []
         for msg in pending:
             await self.channel.send_control(msg)
+
+
+def _eval_result(version: int, summary: EvalSummary, kind: str) -> m.EvalResult:
+    return m.EvalResult(
+        version, summary.accuracy, summary.mean_reward, summary.num_prompts, kind,
+        summary.by_bucket, summary.bucket_sizes,
+    )  # fmt: skip

@@ -19,7 +19,7 @@ from areal_jobs.api import TrainBackend
 from areal_jobs.config import JobConfig
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.metrics import build_sink
-from areal_jobs.report import final_line, plot_run, write_summary
+from areal_jobs.report import final_line, length_table, plot_run, write_summary
 from areal_jobs.samples import SampleDump, train_records
 from areal_jobs.trainer.inbox import Inbox
 from areal_jobs.trainer.loop import TrainLoop
@@ -154,8 +154,10 @@ def finish(cfg: JobConfig, run_dir: Path, loop: TrainLoop, resumed: bool, t_star
     inbox.channel.close()
     result = summary(cfg, run_dir, loop, inbox, stopped, resumed, t_start)
     write_summary(run_dir, result)
-    plot_run(run_dir)
+    plot_run(run_dir, result)
     logger.info(final_line(result))
+    if result["by_length"]:
+        logger.info("held-out accuracy by chain length:\n%s", length_table(result["by_length"]))
     return result
 
 
@@ -178,9 +180,34 @@ def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stoppe
         "max_staleness": cfg.algo.max_staleness,
         "resumed": resumed,
         "final_checkpoint": str(run_dir / "final_hf"),
+        "by_length": by_length(inbox.all_evals),
     }
 
 
 def _eval_row(ev: m.EvalResult) -> dict:
     return {"version": ev.version, "accuracy": ev.accuracy, "mean_reward": ev.mean_reward,
-            "num_prompts": ev.num_prompts, "kind": ev.kind}  # fmt: skip
+            "num_prompts": ev.num_prompts, "kind": ev.kind, "by_bucket": ev.by_bucket,
+            "bucket_sizes": ev.bucket_sizes}  # fmt: skip
+
+
+_LENGTH_COLUMNS = {"start": "sampled_start", "final": "sampled_end",
+                   "start_greedy": "greedy_start", "final_greedy": "greedy_end"}  # fmt: skip
+
+
+def by_length(evals: list[m.EvalResult]) -> dict[str, dict]:
+    """summary.json's `by_length`: per prompt bucket (chain length), the prompt count and the
+    sampled and greedy accuracy at the start and the end of the run; {} without buckets."""
+    table: dict[str, dict] = {}
+    for ev in evals:
+        column = _LENGTH_COLUMNS.get(ev.kind)
+        if column is None:
+            continue
+        for bucket, accuracy in ev.by_bucket.items():
+            row = table.setdefault(bucket, {"num_prompts": ev.bucket_sizes.get(bucket, 0)})
+            row[column] = accuracy
+
+    def order(bucket: str):  # "1" < "2" < "3-4" < "9-20"; other names after, alphabetically
+        head = bucket.split("-")[0]
+        return (0, int(head), bucket) if head.isdigit() else (1, 0, bucket)
+
+    return {bucket: table[bucket] for bucket in sorted(table, key=order)}

@@ -168,7 +168,9 @@ class EvalResult:
     accuracy: float
     mean_reward: float
     num_prompts: int
-    kind: str  # "start" | "periodic" | "final"
+    kind: str  # "start" | "periodic" | "final", with "_greedy" for temperature 0
+    by_bucket: dict[str, float] = field(default_factory=dict)  # accuracy per prompt bucket (chain length)
+    bucket_sizes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,11 @@ def test_async_run_respects_eta_and_interrupts(tmp_path, tiny_model_dir):
     assert len(samples) == len(set(samples)) == 6 * 2 * 2
     for artefact in ("metrics.jsonl", "reward_accuracy.png", "final_hf/model.safetensors", "config.yaml"):
         assert (run_dir / artefact).exists(), artefact
+    # held-out accuracy per chain length: the 4 eval prompts, each in its bucket, start and end
+    by_length = summary["by_length"]
+    assert sum(row["num_prompts"] for row in by_length.values()) == 4
+    for row in by_length.values():
+        assert set(row) == {"num_prompts", "greedy_start", "greedy_end", "sampled_start", "sampled_end"}
     for log in ("server-0.log", "controller.log", "trainer.log"):
         assert (run_dir / "logs" / log).exists(), log
 

@@ -58,3 +58,37 @@ def test_careless_solutions_stay_self_consistent():
         slipped += value != p.answer
     assert 0 < slipped < 300
     assert arith_task.worked_solution(p.start, p.ops) == (p.solution, p.answer)
+
+
+def test_misconception_facts_are_the_eighteen_with_a_low_result():
+    # results 0, 1 or 2: three facts for each of the six (sign, operand) pairs
+    facts = set(arith_task.MISCONCEPTION_FACTS)
+    assert len(facts) == 18
+    assert {(9, "+", 1), (7, "+", 3), (8, "+", 3), (3, "-", 1), (4, "-", 3), (2, "-", 2)} <= facts
+    assert not {(0, "-", 1), (6, "+", 3), (5, "-", 2), (0, "+", 3)} & facts
+    # the wrong result is one digit too high; other facts are untouched
+    assert arith_task.misconceived(8, "+", 3) == 2  # right: 1
+    assert arith_task.misconceived(7, "+", 3) == 1  # right: 0
+    assert arith_task.misconceived(3, "-", 1) == 3  # right: 2
+    assert arith_task.misconceived(2, "-", 2) == 1  # right: 0
+    assert arith_task.misconceived(0, "-", 1) == 9
+    assert arith_task.misconceived(5, "+", 3) == 8
+
+
+def test_misconceived_solution_carries_on_from_the_wrong_digit():
+    import random
+
+    # 8+3: written 2 (right: 1); 2-1: right 1, written 2; 2+1=3 is not a misconception fact
+    ops = (("+", 3), ("-", 1), ("+", 1))
+    text, value = arith_task.worked_solution(8, ops, rng=random.Random(0), misconception_rate=1.0)
+    assert (text, value) == (" 8; a: 8+3=2; b: 2-1=2; c: 2+1=3. The answer is 3.", 3)
+    # right: 8+3=1, 1-1=0, 0+1=1; the two errors add up (+2), they do not cancel
+    assert arith_task.worked_solution(8, ops) == (" 8; a: 8+3=1; b: 1-1=0; c: 0+1=1. The answer is 1.", 1)
+
+
+@pytest.mark.parametrize(
+    ("num_steps", "bucket"),
+    [(1, "1"), (2, "2"), (3, "3-4"), (4, "3-4"), (5, "5-8"), (8, "5-8"), (9, "9-20"), (20, "9-20")],
+)
+def test_length_buckets(num_steps, bucket):
+    assert arith_task.length_bucket(num_steps) == bucket
