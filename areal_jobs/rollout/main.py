@@ -50,6 +50,10 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         )
     elif rows is not None:  # hold out the tail of the training file
         rows, held_out = rows[: -cfg.data.num_eval_prompts or None], rows[-cfg.data.num_eval_prompts :]
+    if cfg.data.dataset.value == "humaneval":  # a broken reference fails here, not as silent zeros
+        from areal_jobs.reward.code import check_humaneval_references
+
+        check_humaneval_references([r.reference for r in (rows or []) + (held_out or [])], "the data files")
 
     def make_client(rec: discovery.ServerRecord):
         return engine_client(
