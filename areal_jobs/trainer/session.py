@@ -145,6 +145,10 @@ def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stoppe
         "max_staleness": cfg.algo.max_staleness,
         "resumed": resumed,
         "final_checkpoint": str(run_dir / "final_hf"),
+        # the code sandbox mode in force (reward/isolation_<mode> = 1, see docs/sandbox.md)
+        "reward_sandbox": next(
+            (k.removeprefix("reward/isolation_") for k in stopped.metrics if k.startswith("reward/isolation_")), None
+        ),
     }
 
 
