@@ -42,7 +42,7 @@ from pathlib import Path
 
 from areal_jobs.config import NetworkIsolation, RewardConfig
 from areal_jobs.reward.sandbox_mode import resolve_isolation, unshare_argv
-from areal_jobs.reward.sandbox_uids import kill_uid
+from areal_jobs.reward.sandbox_uids import claimed_by_us, kill_uid
 
 logger = logging.getLogger(__name__)
 
@@ -203,9 +203,9 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
         stdout, stderr, timed_out, capped = _collect(proc, limits)
     finally:
         _kill_group(proc)
-        if boot_drops_uid and not namespaces:
+        if boot_drops_uid and not namespaces and claimed_by_us(limits.uid):
             # Weak mode as root: a double-forked setsid daemon left the process group, but not
-            # its uid, which is this worker's alone (sandbox_uids.py).
+            # its uid, which this worker claimed for itself alone (sandbox_uids.py).
             kill_uid(limits.uid)
         os.set_blocking(ready_r, False)  # whoever held the write end is dead; never wait here
         try:

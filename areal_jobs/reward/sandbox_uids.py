@@ -17,7 +17,12 @@ from __future__ import annotations
 import fcntl
 import os
 
-_claimed: list[int] = []  # lock fds held for the life of this process
+_claimed: dict[int, int] = {}  # uid -> its lock fd, held for the life of this process
+
+
+def claimed_by_us(uid: int) -> bool:
+    """Did this process claim `uid`? Only then are all of its processes ours to kill."""
+    return uid in _claimed
 
 
 def uids_with_processes() -> set[int]:
@@ -45,7 +50,7 @@ def claim_sandbox_uid(first_uid: int, count: int, lock_dir: str) -> int:
         except BlockingIOError:
             os.close(fd)
             continue
-        _claimed.append(fd)
+        _claimed[uid] = fd
         return uid
     raise RuntimeError(
         f"all {count} sandbox uids from reward.code_sandbox_uid={first_uid} are taken (locks in "
@@ -54,7 +59,7 @@ def claim_sandbox_uid(first_uid: int, count: int, lock_dir: str) -> int:
 
 
 def kill_uid(uid: int) -> int:
-    """SIGKILL every process of `uid` (root only; the uid is ours alone). Returns how many."""
+    """SIGKILL every process of `uid` (root only; call only for a uid claimed_by_us). Returns how many."""
     killed = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
