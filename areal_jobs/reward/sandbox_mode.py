@@ -79,12 +79,13 @@ def resolve_isolation(requested: NetworkIsolation) -> NetworkIsolation:
             return mode
         reasons[mode.value] = reason
     why = "; ".join(f"{mode}: {reason}" for mode, reason in reasons.items())
+    # The override comes first: callers may cut the message short.
     raise RuntimeError(
-        f"reward.network_isolation={requested.value}: no strong code sandbox works here ({why}). "
-        "Run as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
-        "kernel.unprivileged_userns_clone=1, no AppArmor userns restriction), or accept the weak "
-        "sandbox explicitly with reward.network_isolation=none (no network, PID or file-system "
-        "isolation: see docs/sandbox.md)"
+        f"reward.network_isolation={requested.value}: no strong code sandbox works here, refusing to "
+        "run untrusted code; set reward.network_isolation=none to accept the weak sandbox (no "
+        f"network, PID or file-system isolation: docs/sandbox.md). Why: {why}. To fix the host: run "
+        "as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
+        "kernel.unprivileged_userns_clone=1, no AppArmor userns restriction)"
     )
 
 
