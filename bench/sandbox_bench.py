@@ -44,7 +44,9 @@ def _unprivileged(modes: list[str], quick: bool) -> dict[str, float]:
     sys.path.insert(0, str(REPO / "tests" / "integration" / "reward"))
     from unprivileged import run_unprivileged
 
-    argv = [sys.executable, "-m", "bench.sandbox_bench", "--child", ",".join(modes)] + (["--quick"] if quick else [])
+    argv = [sys.executable, "-m", "bench.sandbox_bench", "--child", ",".join(modes)] + (
+        ["--quick"] if quick else []
+    )
     proc = run_unprivileged(argv, timeout_s=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"unprivileged bench failed: {proc.stderr.decode(errors='replace')[-2000:]}")

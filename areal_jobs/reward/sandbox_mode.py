@@ -61,7 +61,9 @@ def unavailable_reason(mode: NetworkIsolation) -> str | None:
     except (OSError, subprocess.SubprocessError) as e:
         return f"unshare probe failed: {e}"
     if probe.returncode != 0:
-        return f"unshare probe exited {probe.returncode}: {probe.stderr.decode(errors='replace').strip()[:200]}"
+        return (
+            f"unshare probe exited {probe.returncode}: {probe.stderr.decode(errors='replace').strip()[:200]}"
+        )
     return None
 
 

@@ -82,7 +82,9 @@ def _worker_main(conn: Connection, cfg: RewardConfig, index: int) -> None:
     try:
         uid = -1
         if os.geteuid() == 0:
-            uid = claim_sandbox_uid(cfg.code_sandbox_uid, cfg.code_sandbox_uid_count, cfg.code_sandbox_uid_lock_dir)
+            uid = claim_sandbox_uid(
+                cfg.code_sandbox_uid, cfg.code_sandbox_uid_count, cfg.code_sandbox_uid_lock_dir
+            )
         limits = SandboxLimits.from_config(cfg, uid=None if uid < 0 else uid)
         error = _self_check(limits)
     except (OSError, RuntimeError) as e:
@@ -183,7 +185,8 @@ class RewardService:
         uids = [r.uid for r in reports if r.uid >= 0]
         logger.info(
             "reward sandbox: mode %s (reward.network_isolation=%s)%s",
-            self.isolation.value, requested.value,
+            self.isolation.value,
+            requested.value,
             f", sandbox uids {uids}" if uids else "",
         )
 
@@ -230,7 +233,9 @@ class RewardService:
             if isinstance(message, WorkerReady):  # a replacement's start-up report comes first
                 worker.ready = message
                 if message.error:
-                    reply.set_result(RewardResult(0.0, RewardStatus.sandbox_error, f"self-check: {message.error}"))
+                    reply.set_result(
+                        RewardResult(0.0, RewardStatus.sandbox_error, f"self-check: {message.error}")
+                    )
                 return
             reply.set_result(message)
 

@@ -90,7 +90,9 @@ def test_prompt_ending_at_the_signature_grades_correct_and_wrong_answers(scorer)
     rows = _rows(FIXTURE_HUMANEVAL)[:3]
     requests = []
     for row in rows:
-        ref = json.dumps({"prompt": _without_docstring(row), "test": row["test"], "entry_point": row["entry_point"]})
+        ref = json.dumps(
+            {"prompt": _without_docstring(row), "test": row["test"], "entry_point": row["entry_point"]}
+        )
         whole = _without_docstring(row) + row["canonical_solution"]
         requests += [
             RewardRequest("humaneval", row["canonical_solution"], ref),  # a body after the signature
@@ -99,7 +101,9 @@ def test_prompt_ending_at_the_signature_grades_correct_and_wrong_answers(scorer)
         ]
     results = scorer.score(requests)
     got = [(r.reward, r.status) for r in results]
-    assert got == [(1.0, RewardStatus.ok), (1.0, RewardStatus.ok), (0.0, RewardStatus.ok)] * len(rows), results
+    assert got == [(1.0, RewardStatus.ok), (1.0, RewardStatus.ok), (0.0, RewardStatus.ok)] * len(rows), (
+        results
+    )
 
 
 def test_a_broken_reference_is_a_grader_error_never_a_wrong_answer(scorer) -> None:

@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from unprivileged import run_unprivileged
 
 CASES = str(Path(__file__).with_name("unprivileged_cases.py"))

@@ -49,7 +49,9 @@ def unprivileged_command(argv: list[str]) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
 
-def run_unprivileged(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 300) -> subprocess.CompletedProcess:
+def run_unprivileged(
+    argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 300
+) -> subprocess.CompletedProcess:
     """Run `argv` (a python command line, usually) as a non-root user from the repository root."""
     base = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",

@@ -189,7 +189,12 @@ def fork_bomb(mode: NetworkIsolation, tag: str) -> dict:
     finally:
         a.close()
         b.close()
-    return {"held_slots": held, "b_reward": result.reward, "b_status": result.status.value, "b_detail": result.detail}
+    return {
+        "held_slots": held,
+        "b_reward": result.reward,
+        "b_status": result.status.value,
+        "b_detail": result.detail,
+    }
 
 
 def start_service(mode: NetworkIsolation) -> dict:

@@ -48,5 +48,7 @@ def test_reference_problem(reference: str, problem: str) -> None:
 
 def test_data_load_check_names_the_broken_rows() -> None:
     check_humaneval_references([ref(), ref()], "good.jsonl")
-    with pytest.raises(ValueError, match=r"1 of 3 HumanEval references in bad.jsonl .*row 1: prompt defines no"):
+    with pytest.raises(
+        ValueError, match=r"1 of 3 HumanEval references in bad.jsonl .*row 1: prompt defines no"
+    ):
         check_humaneval_references([ref(), ref(entry_point="plus"), ref()], "bad.jsonl")
