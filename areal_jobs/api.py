@@ -25,6 +25,9 @@ class RewardStatus(enum.Enum):
     timeout = "timeout"  # the verifier or the sandboxed program ran past its limit
     sandbox_error = "sandbox_error"  # the sandbox itself failed (could not start, crashed)
     parse_error = "parse_error"  # no final answer could be extracted from the response
+    # The grader itself is broken for this reference (its test does not compile, its prompt lacks
+    # the entry point): says nothing about the response, so never count it as a wrong answer.
+    grader_error = "grader_error"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ Sections (each a module with run(quick) -> dict[str, float] of flat `a/b` metric
 packing, controller (ceiling + ZeroMQ), weight_sync, pause (abort / in_place / drain),
 reward_overhead (rewards on vs off), e2e (async per pause mode vs sync vs colocated sync, 3 interleaved
 rounds: medians and spreads, per-step breakdown, load), reward (rewards/s),
+sandbox (code rewards/s by sandbox mode: root netns vs unprivileged userns),
 trainer (torch vs Megatron tokens/s). The sections that need an SGLang server share one (2 threads),
 started once and stopped before the end-to-end runs start their own processes.
 Writes bench/results.json (metrics, per-section wall time and load average, machine) and prints
@@ -47,6 +48,7 @@ SECTIONS: list[tuple[str, str, bool]] = [
     ("reward_overhead", "bench.reward_overhead_bench", True),
     ("e2e", "bench.e2e_bench", False),
     ("reward", "bench.reward_bench", False),
+    ("sandbox", "bench.sandbox_bench", False),  # code rewards/s: netns (root) vs userns (as nobody)
     ("trainer", "bench.trainer_bench", False),
     ("engine", "bench.engine_bench", False),  # SGLang vs vLLM: starts each engine itself, one at a time
 ]

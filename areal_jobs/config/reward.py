@@ -7,9 +7,13 @@ from dataclasses import dataclass
 
 
 class NetworkIsolation(enum.Enum):
-    auto = "auto"  # a network namespace when permitted, else rlimits + scrubbed env only
-    netns = "netns"  # require a network namespace (fail if it cannot be created)
-    none = "none"  # no network isolation (trusted code only)
+    """How the code sandbox isolates programs (docs/sandbox.md). netns and userns are the strong
+    modes: new network, PID and mount namespaces, a private tmpfs root; none is the weak mode."""
+
+    auto = "auto"  # the strongest mode that works here; refuses to start when neither strong one does
+    netns = "netns"  # root: namespaces + a per-service sandbox uid (fails if unavailable)
+    userns = "userns"  # any user: the same namespaces inside a user namespace (fails if unavailable)
+    none = "none"  # weak, explicit opt-in only: rlimits, scrubbed env, process-group kill
 
 
 @dataclass
@@ -25,12 +29,15 @@ class RewardConfig:
     code_max_open_files: int = 64  # RLIMIT_NOFILE per program
     code_wall_timeout_s: float = 10.0
     code_max_output_bytes: int = 1 << 20  # untrusted stdout/stderr is read up to this size
-    network_isolation: NetworkIsolation = NetworkIsolation.auto  # netns also brings PID + mount namespaces
-    # Worker i runs programs as uid code_sandbox_uid + i (when we are root). RLIMIT_NPROC counts
-    # every process of a uid, so one uid per worker keeps a fork bomb in one sandbox from using up
-    # the process budget of the sandbox beside it (or of daemons running as nobody). The default
-    # range belongs to no account; a program needs no passwd entry.
+    network_isolation: NetworkIsolation = NetworkIsolation.auto
+    # When root, each worker claims one uid of [code_sandbox_uid, + code_sandbox_uid_count) with a
+    # lock file in code_sandbox_uid_lock_dir, held for its life: no two workers on a host (of this
+    # service or of another job's) share a uid. RLIMIT_NPROC counts every process of a uid, so a fork
+    # bomb in one sandbox cannot use up the process budget of another, nor signal its programs.
+    # The default range belongs to no account; a program needs no passwd entry.
     code_sandbox_uid: int = 1_900_000_000
+    code_sandbox_uid_count: int = 4096
+    code_sandbox_uid_lock_dir: str = "/run/areal-sandbox-uids"
     code_sandbox_gid: int = 65534  # gid programs run as when we are root (nogroup)
     code_tmpfs_mb: int = 64  # namespace mode: size cap of the program's private writable work dir
     code_python: str = ""  # interpreter for programs (run -I -S: stdlib only); empty = the worker's
@@ -43,10 +50,15 @@ class RewardConfig:
                 "reward.code_sandbox_uid/gid=0 would run untrusted code as root: "
                 "use an unused uid range, e.g. reward.code_sandbox_uid=1900000000"
             )
-        if not 0 < self.code_sandbox_uid <= 2**32 - 2 - (self.num_workers - 1):
+        if self.code_sandbox_uid_count < self.num_workers:
             raise ValueError(
-                f"reward.code_sandbox_uid={self.code_sandbox_uid} with reward.num_workers={self.num_workers} "
-                "leaves the uid range (0, 2**32 - 1): workers use code_sandbox_uid + worker index"
+                f"reward.code_sandbox_uid_count={self.code_sandbox_uid_count} < reward.num_workers: "
+                "every worker needs its own sandbox uid"
+            )
+        if not 0 < self.code_sandbox_uid <= 2**32 - 2 - (self.code_sandbox_uid_count - 1):
+            raise ValueError(
+                f"reward.code_sandbox_uid={self.code_sandbox_uid} with reward.code_sandbox_uid_count="
+                f"{self.code_sandbox_uid_count} leaves the uid range (0, 2**32 - 1)"
             )
         if self.timeout_s <= self.code_wall_timeout_s:
             raise ValueError(

@@ -8,7 +8,15 @@
 In both, a ```python fenced block in the response is used if present (the last one).
 
 Statuses: `timeout` when a program hits the wall-clock or CPU limit, `sandbox_error` when the
-sandbox itself failed, `parse_error` when the response holds no code; otherwise `ok`, with 0.0 or 1.0.
+sandbox itself failed, `parse_error` when the response holds no code, `grader_error` when the
+reference cannot grade anything (its prompt + test does not compile, the prompt lacks the entry
+point, the test defines no `check`, or executing the test module fails); otherwise `ok`, with 0.0
+or 1.0. A grader error never looks like a wrong answer. `humaneval_reference_problem` finds the
+static ones without running anything; the rollout calls it on every row at data-load time.
+
+A prompt may end at the signature (no docstring, no body): for the test module, and before a
+completion that restates the whole function, its last function gets a `pass` body, so neither
+the harness nor the candidate's own program trips on an IndentationError.
 
 HumanEval runs the candidate and its tests in one interpreter, so a hostile candidate could try to
 fake a pass. The harness (written by us, see _HARNESS) makes that hard for the known tricks:
@@ -27,6 +35,8 @@ only an out-of-process check would stop that, which HumanEval's format does not 
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import re
 import secrets
@@ -82,9 +92,14 @@ def _areal_harness(program, prompt, test, entry_point):
         return result
 
     test_ns = {"__name__": "__test__"}
-    exec(compile(prompt + "\n" + test, "test.py", "exec"), test_ns)
+    try:
+        exec(compile(prompt + "\n" + test, "test.py", "exec"), test_ns)
+        check = test_ns["check"]
+    except BaseException:
+        write(1, b"\nG" + nonce + b"\n")  # the test module itself failed: a grader error
+        raise
     test_ns[entry_point] = guarded  # some tests call the function by name, not as `candidate`
-    test_ns["check"](guarded)
+    check(guarded)
     write(1, b"\n" + nonce + b"\n")
 """
 
@@ -115,16 +130,82 @@ def _failed_run(run: SandboxRun, what: str) -> RewardResult | None:
     return None
 
 
+def loadable_prompt(prompt: str) -> str:
+    """`prompt` as a module that compiles: one ending at a signature (`def f(x):`) gets an
+    indented `pass` body. Unchanged when it compiles already, or when `pass` does not help."""
+    if _compiles(prompt):
+        return prompt
+    lines = prompt.rstrip().splitlines()
+    defs = [line for line in lines if re.match(r"\s*(?:async\s+)?def\s", line)]
+    if not lines or not defs or not lines[-1].rstrip().endswith(":"):
+        return prompt
+    indent = re.match(r"\s*", defs[-1]).group() + "    "
+    patched = prompt.rstrip() + "\n" + indent + "pass\n"
+    return patched if _compiles(patched) else prompt
+
+
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "prompt.py", "exec")  # compile only: trusted data, nothing runs
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def humaneval_reference_problem(reference: str) -> str:
+    """'' if this HumanEval reference can grade at all, else why not (a grader error). Static:
+    compiles the prompt and the test, nothing is executed."""
+    try:
+        spec = json.loads(reference)
+        prompt, test, entry_point = spec["prompt"], spec["test"], spec["entry_point"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"reference is not JSON with prompt, test, entry_point: {type(e).__name__}: {e}"
+    prompt = loadable_prompt(prompt)
+    try:
+        prompt_tree = ast.parse(prompt)
+        test_tree = ast.parse(prompt + "\n" + test)
+    except (SyntaxError, ValueError) as e:
+        return f"prompt + test do not compile: {type(e).__name__}: {e}"[:200]
+    if not _defines(prompt_tree, entry_point):
+        return f"prompt defines no entry point {entry_point!r}"
+    if not _defines(test_tree, "check"):
+        return "test defines no check(candidate)"
+    return ""
+
+
+def check_humaneval_references(references: list[str], source: str) -> None:
+    """Data-load check: raise ValueError, naming the rows, when any reference is a grader error
+    (every answer to it would score 0 whatever it is)."""
+    bad = [(i, why) for i, ref in enumerate(references) if (why := humaneval_reference_problem(ref))]
+    if bad:
+        first = "; ".join(f"row {i}: {why}" for i, why in bad[:3])
+        raise ValueError(
+            f"{len(bad)} of {len(references)} HumanEval references in {source} cannot grade any "
+            f"answer ({first}): fix or remove them"
+        )
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name for node in tree.body
+    )
+
+
 def _humaneval_source(completion: str, prompt: str, test: str, entry_point: str) -> str:
     defines_entry = re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", completion, re.MULTILINE)
     # A whole function goes after the prompt (keeping its imports and helpers) and replaces the
-    # prompt's docstring-only stub; a body continues the prompt's signature.
-    program = prompt + "\n" + completion if defines_entry else prompt + completion
-    return _HARNESS + f"\n_areal_harness({program!r}, {prompt!r}, {test!r}, {entry_point!r})\n"
+    # prompt's stub; a body continues the prompt's signature.
+    stub = loadable_prompt(prompt)
+    program = stub + "\n" + completion if defines_entry else prompt + completion
+    return _HARNESS + f"\n_areal_harness({program!r}, {stub!r}, {test!r}, {entry_point!r})\n"
 
 
 def reward_humaneval(response: str, reference: str) -> RewardResult:
     """RewardFn for `humaneval`."""
+    problem = humaneval_reference_problem(reference)
+    if problem:
+        return RewardResult(0.0, RewardStatus.grader_error, problem)
     spec = json.loads(reference)
     completion = extract_program(response)
     if not completion.strip():
@@ -132,6 +213,8 @@ def reward_humaneval(response: str, reference: str) -> RewardResult:
     source = _humaneval_source(completion, spec["prompt"], spec["test"], spec["entry_point"])
     nonce = secrets.token_hex(16).encode()
     run = _run(source, nonce + b"\n")
+    if b"G" + nonce in run.stdout.splitlines():
+        return RewardResult(0.0, RewardStatus.grader_error, "the test module failed to load")
     failure = _failed_run(run, "tests")
     if failure is not None:
         return failure
@@ -143,8 +226,8 @@ def reward_humaneval(response: str, reference: str) -> RewardResult:
 def reward_code_stdio(response: str, reference: str) -> RewardResult:
     """RewardFn for `code_stdio`. Stops at the first failing test case."""
     cases = json.loads(reference)["tests"]
-    if not cases:
-        raise ValueError("code_stdio reference has no test cases: every program would pass")
+    if not cases:  # every program would pass
+        return RewardResult(0.0, RewardStatus.grader_error, "code_stdio reference has no test cases")
     program = extract_program(response)
     if not program.strip():
         return RewardResult(0.0, RewardStatus.parse_error, "empty program")

@@ -1,14 +1,17 @@
 """Math rewards: extract a final answer, normalise it, and decide equivalence with the gold answer.
 
 - Extraction (`extract_final_answer`): the last `\\boxed{...}` / `\\fbox{...}`; else the last GSM8K
-  `#### <answer>` line; else the last "the answer is <answer>". Nothing else: a response without a
-  marked final answer is a parse error, so the policy cannot earn reward by merely mentioning the
-  right number somewhere.
+  `#### <answer>` line; else the last "the answer is <answer>" or "Final Answer: <answer>" (so
+  "Final Answer: The final answer is N. I hope it is correct." gives N). A prose answer ends at
+  the first sentence end ('. ' or a final '.'), and markdown bold (`**N**`) is dropped. Nothing
+  else: a response without a marked final answer is a parse error, so the policy cannot earn
+  reward by merely mentioning the right number somewhere.
 - Normalisation (`normalise_answer`): math-mode wrappers, spacing commands, `\\left`/`\\right`,
-  `\\dfrac`, thousands separators, units (`\\text{cm}`, "dollars", `^\\circ`, `%`), trailing
-  punctuation and a leading `x =`.
+  `\\dfrac`, thousands separators, units (`\\text{cm}`, "dollars per week", `^\\circ`, `%`),
+  trailing '.' and ';' and a leading `x =`. A trailing `!` is the factorial operator, never
+  punctuation: `5!` is 120, and `4!` is not 4.
 - Equivalence (`answers_match`): equal normalised strings; else exact rational arithmetic when both
-  sides are plain numbers (integers, decimals, a/b, \\frac{a}{b}: 0.5 == 1/2 but 0.333 != 1/3); else
+  sides are plain numbers (integers, decimals, a/b, \\frac{a}{b}, n!: 0.5 == 1/2 but 0.333 != 1/3); else
   Hugging Face `math-verify` on both sides as LaTeX (symbolic: 2\\sqrt{2} == \\sqrt{8}, intervals,
   sets). Only its LaTeX parser is used: its plain-expression parser calls sympy's `parse_expr`,
   which evaluates Python and must never see model output.
@@ -19,6 +22,7 @@ the reward workers call us); elsewhere we run it without that and rely on the se
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from fractions import Fraction
@@ -30,13 +34,20 @@ _MAX_ANSWER_CHARS = 400  # longer "answers" are not answers; never hand them to 
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
-_ANSWER_IS_RE = re.compile(r"answer\s+is\s*:?\s*([^\n]*)", re.IGNORECASE)
+# A prose final answer: "the answer is X" or "Final Answer: X"; the last one in the text wins.
+# A lookahead, so overlapping matches are all found ("Final Answer: The final answer is 5").
+_ANSWER_IS_RE = re.compile(r"(?=(?:answer\s+is|final\s+answer\s*:)\s*:?\s*([^\n]*))", re.IGNORECASE)
+_SENTENCE_END_RE = re.compile(r"\.(?:\s|$)")  # '.' then a space or the end; "3.5" is not one
+_BOLD_RE = re.compile(r"\*\*|__")
+_FACTORIAL_RE = re.compile(r"^(\d{1,3})!$")
+_MAX_FACTORIAL = 100
 _CALCULATOR_RE = re.compile(r"<<[^<>]*>>")  # GSM8K calculator annotations: <<16-3-4=9>>
 _THOUSANDS_RE = re.compile(r"^-?\d{1,3}(?:(,|\{,\}|\\,| )\d{3})+(?:\.\d+)?$")
 _NUMBER_RE = re.compile(r"^-?(?:\d+\.?\d*|\.\d+)$")
 _FRAC_RE = re.compile(r"^(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}$")
 _SLASH_RE = re.compile(r"^(-?\d+)\s*/\s*(-?\d+)$")
-_UNIT_WORDS_RE = re.compile(r"^(-?[\d.,/]+)\s*([a-zA-Z]{2,}(?:\s+[a-zA-Z]{2,})?)$")
+# "18 dollars", "5 cm", "4 dollars per week", "60 km/h": keep the number. Letters only after it.
+_UNIT_WORDS_RE = re.compile(r"^(-?[\d.,/]+)\s*([a-zA-Z]{2,}(?:\s*[\s/-]\s*[a-zA-Z]+)*)$")
 _MATH_WORDS = {"pi", "sqrt", "infty", "inf", "frac", "cdot", "times", "and", "or", "to"}
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mbox|mathrm|textrm)\s*\{([^{}]*)\}")
 _ASSIGN_RE = re.compile(r"^[a-zA-Z]\s*=\s*(?=\S)")
@@ -52,11 +63,21 @@ def extract_final_answer(text: str) -> str | None:
     boxed = (_last_boxed(text) or "").strip()
     if boxed:  # an empty \boxed{} marks nothing
         return boxed
-    for pattern in (_GSM8K_RE, _ANSWER_IS_RE):
-        matches = pattern.findall(_CALCULATOR_RE.sub("", text))
-        if matches and matches[-1].strip():
-            return matches[-1].strip()
-    return None
+    text = _CALCULATOR_RE.sub("", text)
+    matches = _GSM8K_RE.findall(text)
+    if matches and matches[-1].strip():
+        return matches[-1].strip()
+    return _prose_answer(text)
+
+
+def _prose_answer(text: str) -> str | None:
+    """The last "the answer is X" / "Final Answer: X", up to its sentence end, bold dropped."""
+    matches = _ANSWER_IS_RE.findall(text)
+    if not matches:
+        return None
+    answer = _BOLD_RE.sub("", matches[-1])
+    answer = _SENTENCE_END_RE.split(answer, maxsplit=1)[0].strip()
+    return answer or None
 
 
 def _last_boxed(text: str) -> str | None:
@@ -95,7 +116,7 @@ def normalise_answer(answer: str) -> str:
     s = re.sub(r"\^\s*\{?\\circ\}?|°", "", s)
     s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
     s = _strip_text_units(s)
-    s = s.strip().rstrip(".;!").strip()
+    s = s.strip().rstrip(".;").strip()  # not '!': a factorial
     s = _ASSIGN_RE.sub("", s)
     m = _UNIT_WORDS_RE.match(s)
     if m and m.group(2).split()[0].lower() not in _MATH_WORDS:  # "18 dollars", "5 cm": keep the number
@@ -119,6 +140,8 @@ def as_rational(s: str) -> Fraction | None:
     s = s.replace(" ", "")
     if _NUMBER_RE.match(s):
         return Fraction(s)
+    if (m := _FACTORIAL_RE.match(s)) and int(m.group(1)) <= _MAX_FACTORIAL:
+        return Fraction(math.factorial(int(m.group(1))))
     for pattern in (_FRAC_RE, _SLASH_RE):
         if m := pattern.match(s):
             sign, num, den = m.groups() if pattern is _FRAC_RE else ("", *m.groups())

@@ -6,27 +6,28 @@ Contract of `run_program(files, stdin, limits) -> SandboxRun`:
 - the program is `main.py` from `files`, run as `python -I -S main.py` (standard library only);
 - resource limits: CPU seconds, address space, processes, file size, open files (see SandboxLimits);
 - it never runs longer than `limits.wall_timeout_s`; afterwards the whole process group (and in
-  namespace mode the whole PID namespace) is SIGKILLed, so nothing it started survives the call;
+  the strong modes the whole PID namespace; in the weak mode as root every process of the
+  worker's own sandbox uid) is SIGKILLed, so nothing it started survives the call;
 - stdout and stderr are read up to `limits.max_output_bytes` together; past that the program is
   killed and `output_capped` is set;
 - it never raises for anything the program does. `started=False` means the sandbox itself failed.
 
-Isolation modes (`limits.isolation`, the `reward.network_isolation` config):
-- namespaces (auto when root and `unshare(1)` works, or required by `netns`): a new network
-  namespace (only a downed loopback: no route anywhere), a new PID namespace (the program sees only
-  its own processes; when it exits the kernel kills everything it forked) and a new mount namespace
-  in which the program is chrooted into a size-capped tmpfs holding only its files, the
-  interpreter (read-only), /dev/null & co and its own /proc: no host file is readable or writable;
-- fallback (auto without those privileges, or `none`): the same limits, uid drop and process-group
-  kill, but no network isolation, and the host file system is visible with the sandbox uid's
-  permissions (world-writable /tmp included). A warning is logged once.
+Isolation modes (`limits.isolation`, the `reward.network_isolation` config; sandbox_mode.py picks
+and probes them, docs/sandbox.md compares them):
+- netns (root) and userns (any user): new network (a downed loopback only), PID (the program sees
+  only its own processes; when it exits the kernel kills everything it forked) and mount
+  namespaces; the program's root is a size-capped tmpfs holding only its files, the interpreter
+  and /usr (read-only), /dev/null & co and its own /proc: no host file, /tmp or /dev/shm.
+  netns runs the program as the worker's claimed sandbox uid; userns as uid 0 of its own user
+  namespace (the caller's uid outside) with every capability dropped.
+- none (weak, explicit opt-in only): the same limits, uid drop (as root) and process-group kill,
+  but no network isolation, and the host file system is visible with the program's rights.
 The in-child setup lives in sandbox_boot.py; this module is the parent side.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import os
 import selectors
@@ -40,11 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from areal_jobs.config import NetworkIsolation, RewardConfig
+from areal_jobs.reward.sandbox_mode import resolve_isolation, unshare_argv
+from areal_jobs.reward.sandbox_uids import claimed_by_us, kill_uid
 
 logger = logging.getLogger(__name__)
 
 _BOOT_SCRIPT = str(Path(__file__).with_name("sandbox_boot.py"))
-_UNSHARE_ARGS = ["--net", "--pid", "--mount", "--fork", "--kill-child"]
 _PIPE_STDIN_MAX_BYTES = 60_000  # below the 64 KiB pipe buffer, so writing it never blocks
 _EXIT_GRACE_S = 0.2  # after the program exits, how long leftover children may keep the pipes open
 _PR_SET_PDEATHSIG = 1
@@ -68,8 +70,9 @@ class SandboxLimits:
     python: str = ""  # empty = the interpreter running this code
 
     @classmethod
-    def from_config(cls, cfg: RewardConfig, worker_index: int = 0) -> SandboxLimits:
-        """Limits for reward worker `worker_index`, which owns uid code_sandbox_uid + worker_index."""
+    def from_config(cls, cfg: RewardConfig, uid: int | None = None) -> SandboxLimits:
+        """Limits for a reward worker that claimed sandbox `uid` (sandbox_uids.py); None: the
+        first uid of the range (for callers that run as non-root, where no uid is used)."""
         return cls(
             cpu_s=cfg.code_cpu_s,
             memory_mb=cfg.code_memory_mb,
@@ -80,7 +83,7 @@ class SandboxLimits:
             max_output_bytes=cfg.code_max_output_bytes,
             tmpfs_mb=cfg.code_tmpfs_mb,
             isolation=cfg.network_isolation,
-            uid=cfg.code_sandbox_uid + worker_index,
+            uid=cfg.code_sandbox_uid if uid is None else uid,
             gid=cfg.code_sandbox_gid,
             python=cfg.code_python,
         )
@@ -101,47 +104,6 @@ class SandboxRun:
     @property
     def exited_cleanly(self) -> bool:
         return self.started and not self.timed_out and not self.output_capped and self.returncode == 0
-
-
-@functools.cache
-def namespaces_unavailable_reason() -> str | None:
-    """None when this process can create net+PID+mount namespaces, else why not (probed once)."""
-    if os.geteuid() != 0:
-        return "not root"
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return "unshare(1) not found (util-linux)"
-    try:
-        probe = subprocess.run(
-            [unshare, *_UNSHARE_ARGS, "true"], check=False, capture_output=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"unshare probe failed: {e}"
-    if probe.returncode != 0:
-        return f"unshare probe exited {probe.returncode}: {probe.stderr.decode(errors='replace')[:200]}"
-    return None
-
-
-def _use_namespaces(isolation: NetworkIsolation) -> bool:
-    if isolation is NetworkIsolation.none:
-        return False
-    reason = namespaces_unavailable_reason()
-    if reason is None:
-        return True
-    if isolation is NetworkIsolation.netns:
-        raise RuntimeError(f"reward.network_isolation=netns but namespaces are unavailable: {reason}")
-    _warn_fallback(reason)
-    return False
-
-
-@functools.cache
-def _warn_fallback(reason: str) -> None:
-    logger.warning(
-        "code sandbox without namespaces (%s): programs keep network access and see the host file "
-        "system with the sandbox uid's rights; limits, uid drop and process-group kill still apply. "
-        "Set reward.network_isolation=netns to refuse this.",
-        reason,
-    )
 
 
 def _rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
@@ -183,30 +145,40 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
         raise RuntimeError(
             "refusing to run untrusted code as root: set reward.code_sandbox_uid to an unprivileged uid"
         )
-    namespaces = _use_namespaces(limits.isolation)
-    drop_uid = os.geteuid() == 0
+    mode = resolve_isolation(limits.isolation)
+    namespaces = mode is not NetworkIsolation.none
+    as_root = os.geteuid() == 0
+    # netns copies the files into a tmpfs it owns; otherwise the boot script reads them as the
+    # sandbox uid (none: after its uid drop; userns as root: unshare already runs as that uid).
+    chown = as_root and mode is not NetworkIsolation.netns
     for name, text in files.items():
         Path(workdir, name).write_text(text)
-        if drop_uid and not namespaces:  # namespace mode copies them into a tmpfs it owns
+        if chown:
             os.chown(Path(workdir, name), limits.uid, limits.gid)
-    if drop_uid and not namespaces:
+    if chown:
         os.chown(workdir, limits.uid, limits.gid)
+    # Who drops to the sandbox uid: the boot script (netns, none as root), or Popen before unshare
+    # (userns as root: a user namespace made by root would map root itself).
+    boot_drops_uid = as_root and mode is not NetworkIsolation.userns
+    popen_user = {}
+    if as_root and mode is NetworkIsolation.userns:
+        popen_user = {"user": limits.uid, "group": limits.gid, "extra_groups": []}
 
     ready_r, ready_w = os.pipe()
     spec = {
         "workdir": workdir,
         "script": "main.py",
-        "uid": limits.uid if drop_uid else -1,
-        "gid": limits.gid if drop_uid else -1,
+        "uid": limits.uid if boot_drops_uid else -1,
+        "gid": limits.gid if boot_drops_uid else -1,
         "isolate_fs": int(namespaces),
+        "drop_caps": int(mode is NetworkIsolation.userns),
         "tmpfs_mb": limits.tmpfs_mb,
         "ready_fd": ready_w,
         **{f"rlimit.{name}": f"{soft},{hard}" for name, (soft, hard) in _rlimits(limits).items()},
     }
     python = limits.python or os.path.realpath(sys.executable)
     argv = [python, "-I", "-S", _BOOT_SCRIPT, *(f"{key}={value}" for key, value in spec.items())]
-    if namespaces:
-        argv = [shutil.which("unshare") or "unshare", *_UNSHARE_ARGS, *argv]
+    argv = [*unshare_argv(mode), *argv]
     home = "/work" if namespaces else workdir  # namespace mode: the program's chroot path
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
     stdin_file = _stdin_source(stdin)
@@ -221,7 +193,8 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
             start_new_session=True,  # its own process group, killed as a whole below
             pass_fds=(ready_w,),
             # Reward workers are single-threaded, the case where preexec_fn is safe.
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            preexec_fn=_die_with_parent,  # noqa: PLW1509  (runs after Popen's uid change)
+            **popen_user,
         )
     finally:
         os.close(ready_w)
@@ -230,6 +203,10 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
         stdout, stderr, timed_out, capped = _collect(proc, limits)
     finally:
         _kill_group(proc)
+        if boot_drops_uid and not namespaces and claimed_by_us(limits.uid):
+            # Weak mode as root: a double-forked setsid daemon left the process group, but not
+            # its uid, which this worker claimed for itself alone (sandbox_uids.py).
+            kill_uid(limits.uid)
         os.set_blocking(ready_r, False)  # whoever held the write end is dead; never wait here
         try:
             report = os.read(ready_r, 64)

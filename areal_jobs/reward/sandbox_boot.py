@@ -1,21 +1,26 @@
 """The in-child half of the sandbox: trusted code that runs between "process created" and "untrusted
 program starts", then replaces itself with the program (execve).
 
-Run by reward/sandbox.py as `python -I -S sandbox_boot.py key=value ...`, either directly (fallback
-mode) or as PID 1 of fresh network + PID + mount namespaces created by `unshare(1)` (namespace mode).
+Run by reward/sandbox.py as `python -I -S sandbox_boot.py key=value ...`, either directly (weak
+mode `none`) or as PID 1 of fresh network + PID + mount namespaces created by `unshare(1)` (netns
+as root; userns inside a new user namespace, where we are uid 0 with capabilities over these
+namespaces only).
 It imports only the standard library and never imports areal_jobs: it is executed by path, with
 `-I` so nothing from the working directory or the environment can shadow a module. Its arguments
 are plain key=value strings, not JSON: importing json (re, enum) would double its start-up time,
 and it runs once per program.
 
 Steps, in this order because each needs the privileges the next one drops:
-1. (namespace mode) build a minimal root file system in a size-capped tmpfs (the program's files,
-   /usr and the interpreter bound read-only, a few /dev nodes, a fresh /proc) and chroot into it;
-   see _isolate_filesystem. Binding the interpreter also makes it reachable when it lives under a
+1. (namespace modes) build a minimal root file system in a size-capped tmpfs (the program's files,
+   /usr and the interpreter bound read-only, a few /dev nodes, a fresh /proc), make it the root
+   with pivot_root and detach the host's whole mount tree: no host path exists any more in this
+   mount namespace, so no chroot escape can reach one; see _isolate_filesystem. Binding the interpreter also makes it reachable when it lives under a
    0700 home such as /root/.pyenv, which the sandbox uid could not traverse on the host.
 2. Set resource limits (soft = hard, so the program cannot raise them).
-3. Drop to the sandbox uid/gid with no supplementary groups; set no_new_privs so setuid binaries
-   grant nothing; ask for SIGKILL when our parent dies (set after setuid, which clears it).
+3. Drop to the sandbox uid/gid with no supplementary groups (netns, none as root), or in userns
+   drop every capability (bounding, ambient, inheritable, permitted, effective: the program then
+   has none even as uid 0 of its user namespace); set no_new_privs so setuid binaries grant
+   nothing; ask for SIGKILL when our parent dies (set after setuid, which clears it).
 4. Write "R" to the ready fd (close-on-exec) and execve the interpreter on main.py with `-I -S`
    (standard library only); if the exec fails, write "X". From a successful exec on, any failure
    is the program's, not the sandbox's. In namespace mode the init then appends "W<wait status>".
@@ -31,11 +36,14 @@ import sys
 BOOT_FAILED = 125
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND = 32, 4096
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_MS_REMOUNT, _MS_BIND, _MS_REC = 32, 4096, 16384
+_MNT_DETACH = 2
+_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 1, 24, 38, 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAP_VERSION_3 = 0x20080522
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203}
 _DEVICES = {"null": 3, "zero": 5, "random": 8, "urandom": 9}  # minor numbers of the "mem" char devices
 _SYSTEM_DIRS = ("usr", "bin", "lib", "lib64", "lib32")  # shared libraries and the ELF loader live here
-_FLAG_BY_OPTION = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -49,19 +57,6 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
     if _LIBC.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
-
-
-def _mount_points() -> list[tuple[str, int]]:
-    """(mount point, flags to keep) for every mount, from /proc/self/mountinfo."""
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            # Field 5 is the mount point with spaces etc. octal-escaped; field 6 its per-mount options.
-            point = fields[4].encode().decode("unicode_escape")
-            keep = sum(_FLAG_BY_OPTION.get(opt, 0) for opt in fields[5].split(","))
-            points.append((point, keep))
-    return points
 
 
 def _isolate_filesystem(spec: dict) -> tuple[str, str]:
@@ -108,30 +103,47 @@ def _isolate_filesystem(spec: dict) -> tuple[str, str]:
     exe = os.path.realpath(sys.executable)
     if not any(prefix == f"/{d}" or prefix.startswith(f"/{d}/") for d in _SYSTEM_DIRS):
         _bind(prefix, root + prefix, read_only)
-    for dev, minor in _DEVICES.items():  # nodes, not bind mounts: every mount costs at teardown
-        os.mknod(os.path.join(root, "dev", dev), 0o666 | stat.S_IFCHR, os.makedev(1, minor))
-        os.chmod(os.path.join(root, "dev", dev), 0o666)
+    for dev, minor in _DEVICES.items():
+        target = os.path.join(root, "dev", dev)
+        try:  # a node, not a bind mount, where we may: every mount costs at teardown
+            os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+            os.chmod(target, 0o666)
+        except PermissionError:  # userns: no CAP_MKNOD over the host's devices; bind the host's node
+            open(target, "wb").close()
+            _mount("/dev/" + dev, target, None, _MS_BIND, None)
     _mount("proc", os.path.join(root, "proc"), "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
-    for point, keep in _mount_points():
-        if point == root or point.startswith(root + os.sep):
-            continue
-        try:
-            _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep, None)
-        except OSError as e:
-            # The root file system is what matters; odd pseudo file systems may refuse a remount.
-            if point == "/":
-                _fail(str(e))
-    os.chroot(root)
+    _pivot_root(root)
     return exe, "/work"
+
+
+def _pivot_root(root: str) -> None:
+    """Make `root` (a mount point: our tmpfs) the root of this mount namespace and detach the old
+    root with every mount under it. unshare(1) made all mounts private, which pivot_root needs."""
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"pivot_root: unknown syscall number on {os.uname().machine}")
+    os.chdir(root)
+    os.mkdir(".old_root", 0o700)
+    if _LIBC.syscall(number, b".", b".old_root") != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"pivot_root {root}: {os.strerror(err)}")
+    os.chroot(".")
+    os.chdir("/")
+    if _LIBC.umount2(b"/.old_root", _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount old root: {os.strerror(err)}")
+    os.rmdir("/.old_root")
 
 
 def _bind(source: str, target: str, flags: int) -> None:
     """Bind `source` on `target` (created, with 0755 parents, in our tmpfs), then apply `flags`
-    (a bind mount ignores them on creation)."""
+    (a bind mount ignores them on creation), keeping the source's nosuid/nodev/noexec: in a user
+    namespace those are locked, and a remount that would clear one fails."""
     if not os.path.exists(target):
         os.makedirs(target, mode=0o755)
-    _mount(source, target, None, _MS_BIND, None)
-    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | flags, None)
+    _mount(source, target, None, _MS_BIND | _MS_REC, None)
+    locked = os.statvfs(source).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)  # ST_* == MS_* here
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | flags | locked, None)
 
 
 def _drop_privileges(spec: dict) -> None:
@@ -142,9 +154,26 @@ def _drop_privileges(spec: dict) -> None:
         os.setgroups([])
         os.setgid(spec["gid"])
         os.setuid(spec["uid"])
+    if spec["drop_caps"]:
+        _drop_capabilities()
     if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         _fail("prctl(PR_SET_NO_NEW_PRIVS) failed")
     _LIBC.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+
+def _drop_capabilities() -> None:
+    """userns: we stay uid 0 of our user namespace, so empty every capability set; with the
+    bounding and inheritable sets empty, exec grants none back either."""
+    cap = 0
+    while _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:  # EINVAL past the last capability
+        cap += 1
+    if cap == 0:
+        _fail("prctl(PR_CAPBSET_DROP) failed")
+    _LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable} structs, all zero
+    if _LIBC.capset(header, data) != 0:
+        _fail(f"capset: {os.strerror(ctypes.get_errno())}")
 
 
 def _run_as_init(child_pid: int, status_fd: int) -> None:
@@ -171,6 +200,7 @@ def parse_args(argv: list[str]) -> dict:
         "uid": int(raw["uid"]),
         "gid": int(raw["gid"]),
         "isolate_fs": raw["isolate_fs"] == "1",
+        "drop_caps": raw["drop_caps"] == "1",
         "tmpfs_mb": int(raw["tmpfs_mb"]),
         "ready_fd": int(raw["ready_fd"]),
         "rlimits": {

@@ -12,6 +12,10 @@ Contract (api.RewardScorer):
   any other way, and it must not hold a worker hostage.
 - A worker that dies (crash, OOM kill) turns its call into RewardStatus.sandbox_error and is
   replaced. Neither case is ever folded silently into a 0: `metrics()` counts each status.
+- `start()` resolves the sandbox mode (sandbox_mode.resolve_isolation: `auto` refuses to start
+  without a strong mode), logs it, and waits for every worker's start-up self-check: each one
+  claims its sandbox uid (as root) and runs a trivial program in the real sandbox, reporting a
+  WorkerReady. A broken sandbox fails `start()` with the reason, not every later reward.
 
 Why not concurrent.futures.ProcessPoolExecutor: it cannot kill the one worker whose call timed out
 (a cancelled future keeps running), and one dead worker breaks the whole pool, failing the other
@@ -26,23 +30,69 @@ import logging
 import multiprocessing as mp
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 from areal_jobs.api import RewardRequest, RewardResult, RewardStatus
-from areal_jobs.config import RewardConfig
+from areal_jobs.config import NetworkIsolation, RewardConfig
 from areal_jobs.reward import registry
+from areal_jobs.reward.sandbox_mode import resolve_isolation
 
 logger = logging.getLogger(__name__)
 
 _MAX_DETAIL_CHARS = 200
+_READY_TIMEOUT_S = 120.0  # worker start: imports (math-verify, sympy) and the sandbox self-check
+_SELF_CHECK = "import os\nprint('areal-sandbox-ok', os.getpid())\n"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReady:
+    """A worker's first message: its start-up self-check. `error` is empty when it passed."""
+
+    uid: int  # the sandbox uid it claimed (as root), else -1
+    error: str = ""
+
+
+def _self_check(limits) -> str:  # noqa: ANN001  (SandboxLimits, imported in the worker only)
+    """Run a trivial program in the real sandbox; '' when it ran as it must, else why not."""
+    from areal_jobs.reward.sandbox import run_program
+
+    run = run_program({"main.py": _SELF_CHECK}, b"", limits)
+    if not run.exited_cleanly:
+        return run.error or f"exit status {run.returncode}: {run.stderr.decode(errors='replace')[-200:]}"
+    words = run.stdout.split()
+    if words[:1] != [b"areal-sandbox-ok"]:
+        return f"unexpected output {run.stdout[:100]!r}"
+    if limits.isolation is not NetworkIsolation.none and words[1:] != [b"2"]:
+        # In a fresh PID namespace the program is pid 2 (its init is 1): anything else means it
+        # shares the host's process table.
+        return f"program is pid {words[1:]!r}, not 2: no PID namespace"
+    return ""
 
 
 def _worker_main(conn: Connection, cfg: RewardConfig, index: int) -> None:
-    """Worker process: score (task, response, reference) tuples until the pipe closes."""
+    """Worker process: report WorkerReady, then score (task, response, reference) tuples until the
+    pipe closes. `cfg.network_isolation` is the mode the service resolved (never auto)."""
+    import os
+
     from areal_jobs.reward import code
     from areal_jobs.reward.sandbox import SandboxLimits
+    from areal_jobs.reward.sandbox_uids import claim_sandbox_uid
 
-    code.configure(SandboxLimits.from_config(cfg, worker_index=index))
+    try:
+        uid = -1
+        if os.geteuid() == 0:
+            uid = claim_sandbox_uid(
+                cfg.code_sandbox_uid, cfg.code_sandbox_uid_count, cfg.code_sandbox_uid_lock_dir
+            )
+        limits = SandboxLimits.from_config(cfg, uid=None if uid < 0 else uid)
+        error = _self_check(limits)
+    except (OSError, RuntimeError) as e:
+        error = f"{type(e).__name__}: {e}"
+    conn.send(WorkerReady(uid, error[:300]))
+    if error:
+        return
+    code.configure(limits)
     for task in registry.REWARD_TARGETS:  # import now, not during the first (timed) call
         try:
             registry.resolve(task)
@@ -68,12 +118,25 @@ class _Worker:
     """One worker process and the parent's end of its pipe."""
 
     def __init__(self, ctx: mp.context.BaseContext, cfg: RewardConfig, index: int) -> None:
+        self.index = index
+        self.ready: WorkerReady | None = None  # its first message, read by wait_ready or _call
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
             target=_worker_main, args=(child_conn, cfg, index), name=f"reward-worker-{index}", daemon=True
         )
         self.process.start()
         child_conn.close()
+
+    def wait_ready(self, timeout_s: float) -> WorkerReady:
+        """Block until the worker's start-up self-check arrives (start() only)."""
+        if self.ready is None:
+            if not self.conn.poll(timeout_s):
+                return WorkerReady(-1, f"no start-up report within {timeout_s:g}s")
+            try:
+                self.ready = self.conn.recv()
+            except (EOFError, OSError):
+                return WorkerReady(-1, f"died at start (exit code {self.process.exitcode})")
+        return self.ready
 
     def kill(self) -> None:
         """SIGKILL and reap. Blocks the caller only while the kernel tears the process down."""
@@ -94,16 +157,38 @@ class RewardService:
         self._calls = 0
         self._latency_sum_s = 0.0
         self._worker_restarts = 0
+        self.isolation: NetworkIsolation | None = None  # the sandbox mode in force, after start()
 
     def start(self) -> None:
-        """Spawn the workers. Call from the thread that will run the event loop."""
+        """Resolve the sandbox mode, spawn the workers and wait for their self-checks. Raises
+        RuntimeError (and stops every worker) when the sandbox cannot work. Call from the thread
+        that will run the event loop."""
         if self._workers:
             raise RuntimeError("RewardService.start() called twice")
+        requested = self._cfg.network_isolation
+        self.isolation = resolve_isolation(requested)
+        self._cfg = replace(self._cfg, network_isolation=self.isolation)  # workers never re-resolve
         self._idle = asyncio.Queue()
         for i in range(self._cfg.num_workers):
             worker = _Worker(self._ctx, self._cfg, i)
             self._workers.append(worker)
             self._idle.put_nowait(worker)
+        reports = [w.wait_ready(_READY_TIMEOUT_S) for w in self._workers]
+        failed = [(w.index, r.error) for w, r in zip(self._workers, reports, strict=True) if r.error]
+        if failed:
+            self.close()
+            index, error = failed[0]
+            raise RuntimeError(
+                f"reward sandbox self-check failed (reward.network_isolation={self.isolation.value}, "
+                f"worker {index}): {error}"
+            )
+        uids = [r.uid for r in reports if r.uid >= 0]
+        logger.info(
+            "reward sandbox: mode %s (reward.network_isolation=%s)%s",
+            self.isolation.value,
+            requested.value,
+            f", sandbox uids {uids}" if uids else "",
+        )
 
     def close(self) -> None:
         """Stop every worker (and, through their death signal, any sandboxed program they run)."""
@@ -141,9 +226,18 @@ class RewardService:
             if reply.done():
                 return
             try:
-                reply.set_result(worker.conn.recv())
+                message = worker.conn.recv()
             except (EOFError, OSError) as e:
                 reply.set_exception(e)
+                return
+            if isinstance(message, WorkerReady):  # a replacement's start-up report comes first
+                worker.ready = message
+                if message.error:
+                    reply.set_result(
+                        RewardResult(0.0, RewardStatus.sandbox_error, f"self-check: {message.error}")
+                    )
+                return
+            reply.set_result(message)
 
         fd = worker.conn.fileno()
         loop.add_reader(fd, on_readable)
@@ -185,7 +279,10 @@ class RewardService:
             "reward/timeouts": float(self._counts[RewardStatus.timeout]),
             "reward/sandbox_errors": float(self._counts[RewardStatus.sandbox_error]),
             "reward/parse_errors": float(self._counts[RewardStatus.parse_error]),
+            "reward/grader_errors": float(self._counts[RewardStatus.grader_error]),
             "reward/mean_latency_s": self._latency_sum_s / self._calls if self._calls else 0.0,
             "reward/worker_restarts": float(self._worker_restarts),
             "reward/busy_workers": float(len(self._workers) - idle),
+            # 1.0 under the mode in force, so the run's metrics (and summary.json) name it
+            **({f"reward/isolation_{self.isolation.value}": 1.0} if self.isolation else {}),
         }

@@ -42,6 +42,13 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     tokenizer = load_tokenizer(model_dir)
     prompts = load_prompts(cfg.data, model_dir, tokenizer.encode)
     logger.info("%s", describe_first_prompt(prompts))
+    if cfg.data.dataset.value == "humaneval":  # a broken reference fails here, not as silent zeros
+        from areal_jobs.reward.code import check_humaneval_references
+
+        references = [r.reference for r in prompts.stream.rows or []] + [
+            p.reference for p in prompts.held_out
+        ]
+        check_humaneval_references(references, "the data files")
 
     def make_client(rec: discovery.ServerRecord):
         return engine_client(

@@ -187,7 +187,10 @@ class ControllerService:
         if msg.final_eval and self.eval_prompts:
             await self._eval("final", greedy=True)
         await self._send(
-            m.Stopped(num_groups_pushed=self.ctl.counters.groups_pushed, metrics=self.ctl.metrics())
+            m.Stopped(
+                num_groups_pushed=self.ctl.counters.groups_pushed,
+                metrics={**self.ctl.metrics(), **self.ctl.scorer.metrics()},  # reward/* too: summary.json
+            )
         )
 
     async def _health_loop(self) -> None:

@@ -181,7 +181,15 @@ def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stoppe
         "resumed": resumed,
         "final_checkpoint": str(run_dir / "final_hf"),
         "by_length": by_length(inbox.all_evals),
+        # the code sandbox mode in force (reward/isolation_<mode> = 1, see docs/sandbox.md)
+        "reward_sandbox": _sandbox_mode(stopped.metrics),
     }
+
+
+def _sandbox_mode(metrics: dict[str, float]) -> str | None:
+    """The code sandbox mode in force: the reward service sets reward/isolation_<mode> = 1."""
+    prefix = "reward/isolation_"
+    return next((key.removeprefix(prefix) for key in metrics if key.startswith(prefix)), None)
 
 
 def _eval_row(ev: m.EvalResult) -> dict:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from areal_jobs.api import RewardRequest, RewardResult
-from areal_jobs.config import RewardConfig
-from areal_jobs.reward.sandbox import namespaces_unavailable_reason
+from areal_jobs.config import NetworkIsolation, RewardConfig
+from areal_jobs.reward.sandbox_mode import resolve_isolation
 from areal_jobs.reward.service import RewardService
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,14 +72,25 @@ def scorer_factory() -> Callable[[RewardConfig], contextlib.AbstractContextManag
 def scorer() -> Iterator[Scorer]:
     """Two workers (the CI machine has 2 cores) with small sandbox limits, shared by the session
     (start-up imports cost seconds); tests that read metrics compare before and after."""
-    with running_scorer(RewardConfig(num_workers=2, timeout_s=20.0, **SMALL_LIMITS)) as s:
+    # Without a strong mode, auto refuses to start: the weak mode is then asked for explicitly.
+    isolation = NetworkIsolation.auto if strong_mode_available() else NetworkIsolation.none
+    cfg = RewardConfig(num_workers=2, timeout_s=20.0, network_isolation=isolation, **SMALL_LIMITS)
+    with running_scorer(cfg) as s:
         yield s
+
+
+def strong_mode_available() -> bool:
+    try:
+        resolve_isolation(NetworkIsolation.auto)
+    except RuntimeError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
 def namespaces() -> bool:
-    """True when the sandbox runs in network/PID/mount namespaces here (root with unshare)."""
-    return namespaces_unavailable_reason() is None
+    """True when the sandbox runs in network/PID/mount namespaces here (netns or userns)."""
+    return strong_mode_available()
 
 
 def sandbox_processes() -> list[int]:

@@ -75,3 +75,51 @@ def test_empty_completion_is_a_parse_error(scorer) -> None:
     row = _rows(FIXTURE_HUMANEVAL)[0]
     [result] = scorer.score([RewardRequest("humaneval", "```python\n```", _reference(row))])
     assert (result.reward, result.status) == (0.0, RewardStatus.parse_error)
+
+
+def _without_docstring(row: dict) -> str:
+    """The row's prompt cut right after the entry point's signature (issue 12)."""
+    lines = row["prompt"].splitlines(keepends=True)
+    end = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"def {row['entry_point']}("))
+    while not lines[end].rstrip().endswith(":"):  # a signature over several lines
+        end += 1
+    return "".join(lines[: end + 1])
+
+
+def test_prompt_ending_at_the_signature_grades_correct_and_wrong_answers(scorer) -> None:
+    rows = _rows(FIXTURE_HUMANEVAL)[:3]
+    requests = []
+    for row in rows:
+        ref = json.dumps(
+            {"prompt": _without_docstring(row), "test": row["test"], "entry_point": row["entry_point"]}
+        )
+        whole = _without_docstring(row) + row["canonical_solution"]
+        requests += [
+            RewardRequest("humaneval", row["canonical_solution"], ref),  # a body after the signature
+            RewardRequest("humaneval", whole, ref),  # the whole function restated
+            RewardRequest("humaneval", "    return None\n", ref),
+        ]
+    results = scorer.score(requests)
+    got = [(r.reward, r.status) for r in results]
+    assert got == [(1.0, RewardStatus.ok), (1.0, RewardStatus.ok), (0.0, RewardStatus.ok)] * len(rows), (
+        results
+    )
+
+
+def test_a_broken_reference_is_a_grader_error_never_a_wrong_answer(scorer) -> None:
+    row = _rows(FIXTURE_HUMANEVAL)[0]
+    broken = {
+        "test does not compile": {**row, "test": "def check(candidate:\n"},
+        "entry point missing": {**row, "entry_point": "not_defined_anywhere"},
+        "no check": {**row, "test": "def verify(candidate):\n    pass\n"},
+        "test module fails to load": {**row, "test": "import no_such_module_xyz\n" + row["test"]},
+    }
+    before = scorer.service.metrics()
+    results = scorer.score(
+        [RewardRequest("humaneval", row["canonical_solution"], _reference(spec)) for spec in broken.values()]
+    )
+    for name, result in zip(broken, results, strict=True):
+        assert (result.reward, result.status) == (0.0, RewardStatus.grader_error), (name, result)
+    after = scorer.service.metrics()
+    assert after["reward/grader_errors"] - before["reward/grader_errors"] == len(broken)
+    assert after["reward/ok"] == before["reward/ok"]  # none of them counted as a (wrong) answer

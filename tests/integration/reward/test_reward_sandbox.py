@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from areal_jobs.config import NetworkIsolation, RewardConfig
-from areal_jobs.reward import sandbox
+from areal_jobs.reward import sandbox, sandbox_mode
 from areal_jobs.reward.sandbox import SandboxLimits, run_program
 
 LIMITS = SandboxLimits(cpu_s=2, wall_timeout_s=3.0, memory_mb=512, max_procs=16, max_output_bytes=1 << 16)
@@ -139,7 +139,6 @@ def test_a_fork_bomb_does_not_starve_the_next_workers_sandbox() -> None:
     a program holding every slot of its uid leaves the sandbox of the worker beside it alone."""
     cfg = RewardConfig(num_workers=2)
     hog_limits = dataclasses.replace(LIMITS, max_procs=8, wall_timeout_s=8.0, uid=cfg.code_sandbox_uid)
-    assert SandboxLimits.from_config(cfg, worker_index=1).uid == cfg.code_sandbox_uid + 1
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         hog = pool.submit(run, _SLOT_HOG, b"", hog_limits)
         time.sleep(2.0)  # the hog forks its 8 processes within milliseconds
@@ -156,7 +155,7 @@ def test_a_fork_bomb_does_not_starve_the_next_workers_sandbox() -> None:
 
 def test_namespace_isolation(namespaces: bool) -> None:
     if not namespaces:
-        pytest.skip(f"namespaces unavailable: {sandbox.namespaces_unavailable_reason()}")
+        pytest.skip(f"namespaces unavailable: {sandbox_mode.unavailable_reason(NetworkIsolation.netns)}")
     source = (
         "import os, socket\n"
         "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
@@ -201,24 +200,25 @@ def _world_executable(path: str) -> bool:
     return os.path.exists(path) and all(os.stat(p).st_mode & 0o001 for p in parts)
 
 
-def test_required_netns_fails_loudly_when_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "namespaces_unavailable_reason", lambda: "no CAP_SYS_ADMIN (simulated)")
+def test_no_silent_downgrade_when_namespaces_are_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox_mode, "unavailable_reason", lambda mode: "no CAP_SYS_ADMIN (simulated)")
     required = run("print(1)", limits=SandboxLimits(isolation=NetworkIsolation.netns))
-    assert not required.started and "netns" in required.error
-    # Without namespaces the sandbox uid must reach the interpreter itself (no bind mount).
+    assert not required.started and "reward.network_isolation=netns" in required.error
+    refused = run("print(1)", limits=SandboxLimits(isolation=NetworkIsolation.auto))
+    assert not refused.started and "reward.network_isolation=none" in refused.error  # names the override
+    # The explicit weak mode runs; the sandbox uid must reach the interpreter itself (no bind mount).
     python = next((p for p in (sys.executable, "/usr/bin/python3") if _world_executable(p)), None)
     if python is None:
         pytest.skip("no interpreter here that the sandbox uid can execute without a bind mount")
-    fallback = run("print(1)", limits=SandboxLimits(isolation=NetworkIsolation.auto, python=python))
-    assert fallback.exited_cleanly and fallback.stdout == b"1\n"
+    weak = run("print(1)", limits=SandboxLimits(isolation=NetworkIsolation.none, python=python))
+    assert weak.exited_cleanly and weak.stdout == b"1\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs root")
-def test_fallback_reports_an_unreachable_interpreter(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(sandbox, "namespaces_unavailable_reason", lambda: "simulated")
+def test_weak_mode_reports_an_unreachable_interpreter(tmp_path) -> None:
     hidden = tmp_path / "private"
     hidden.mkdir(mode=0o700)
     python = hidden / "python3"
     python.symlink_to(os.path.realpath(sys.executable))
-    result = run("print(1)", limits=SandboxLimits(python=str(python)))
+    result = run("print(1)", limits=SandboxLimits(python=str(python), isolation=NetworkIsolation.none))
     assert not result.started and "reward.code_python" in result.error

@@ -51,14 +51,15 @@ def test_results_come_back_in_order_and_every_status_is_counted(scorer) -> None:
         (0.0, RewardStatus.parse_error),
         (1.0, RewardStatus.ok),
         (0.0, RewardStatus.timeout),
-        (0.0, RewardStatus.sandbox_error),
+        (0.0, RewardStatus.grader_error),  # a broken reference, not a wrong answer
     ]
     after = scorer.service.metrics()
     assert delta(before, after, "reward/calls") == 6
     assert delta(before, after, "reward/ok") == 3
     assert delta(before, after, "reward/parse_errors") == 1
     assert delta(before, after, "reward/timeouts") == 1
-    assert delta(before, after, "reward/sandbox_errors") == 1
+    assert delta(before, after, "reward/grader_errors") == 1
+    assert delta(before, after, "reward/sandbox_errors") == 0
     assert after["reward/mean_latency_s"] > 0
 
 

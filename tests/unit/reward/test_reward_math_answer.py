@@ -30,7 +30,14 @@ EXTRACTION = [
     ("\\fbox{x=3}", "x=3"),
     ("She makes 9 * 2 = $<<9*2=18>>18.\n#### 18", "18"),
     ("#### 1,000\n", "1,000"),
-    ("The answer is 18.", "18."),
+    ("The answer is 18.", "18"),  # the sentence's full stop is not part of the answer
+    ("The answer is **18**.", "18"),
+    ("**The answer is 18.**", "18"),
+    ("Final Answer: The final answer is 18. I hope it is correct.", "18"),
+    ("Final Answer: 18", "18"),
+    ("The answer is 18 dollars per week.", "18 dollars per week"),
+    ("The answer is 3.5. Done.", "3.5"),  # a decimal point is not a sentence end
+    ("\\boxed{5!}", "5!"),
     ("Thus the answer is: $\\frac{1}{2}$", "$\\frac{1}{2}$"),
     ("I computed 7 + 5 = 12 apples.", None),
     ("unfinished \\boxed{12", None),
@@ -93,6 +100,14 @@ EQUIVALENCE = [
     ("1/0", "0", False),
     ("", "0", False),
     ("18", "\\text{Evelyn}", False),
+    # factorials: '!' is an operator, not punctuation
+    ("5!", "120", True),
+    ("3!", "6", True),
+    ("4!", "4", False),
+    ("5!", "5", False),
+    ("18 dollars per week", "18", True),
+    ("60 km/h", "60", True),
+    ("18 dollars per week", "19", False),
 ]
 
 
@@ -127,6 +142,26 @@ def test_normalise_answer(raw: str, normalised: str) -> None:
 def test_equivalence(pred: str, gold: str, same: bool) -> None:
     assert answers_match(pred, gold) is same
     assert answers_match(gold, pred) is same  # the verdict must not depend on the argument order
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "reward"),
+    [
+        ("\\boxed{5!}", "120", 1.0),
+        ("\\boxed{4!}", "4", 0.0),
+        ("So \\boxed{4!} ways.", "24", 1.0),
+        ("The answer is **72**.", "72", 1.0),
+        ("**The answer is 72.**", "72", 1.0),
+        ("Final Answer: The final answer is 72. I hope it is correct.", "72", 1.0),
+        ("Final Answer: The final answer is 71. I hope it is correct.", "72", 0.0),
+        ("The answer is 72 dollars per week.", "72", 1.0),
+        ("The answer is 73 dollars per week.", "72", 0.0),
+        ("The answer is **$\\frac{1}{2}$**.", "0.5", 1.0),
+    ],
+)
+def test_issue_12_final_answer_formats(response: str, gold: str, reward: float) -> None:
+    result = reward_math(response, gold)
+    assert (result.reward, result.status) == (reward, RewardStatus.ok)
 
 
 def test_reward_statuses() -> None:

@@ -1,0 +1,70 @@
+"""Run a command as a non-root user, for the tests (and the bench) that must prove the sandbox
+works without root, as on a SLURM cluster where the job runs as the submitting user.
+
+Not root already: the command runs as it is. Root: it runs as nobody (65534) with no capabilities,
+in a private mount namespace where the interpreter's installation is made reachable (here it
+lives under /root, which is 0700: a tmpfs is mounted over the blocking directory in that namespace
+only, with the installation bound back at its own path). Nothing changes for the rest of the host.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+NOBODY = 65534
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _first_blocking_dir(path: str) -> str | None:
+    """The outermost directory on the way to `path` that other users cannot traverse."""
+    parts = Path(path).parts
+    for i in range(2, len(parts) + 1):
+        d = os.path.join(*parts[:i])
+        if not os.stat(d).st_mode & 0o001:
+            return d
+    return None
+
+
+def unprivileged_command(argv: list[str]) -> list[str]:
+    """`argv` wrapped so that it runs as a non-root user (see the module docstring)."""
+    if os.geteuid() != 0:
+        return argv
+    prefix = os.path.realpath(sys.base_prefix)
+    script = "set -e\n"
+    blocked = _first_blocking_dir(prefix)
+    if blocked is not None:
+        p, b = shlex.quote(prefix), shlex.quote(blocked)
+        script += (
+            f'keep=$(mktemp -d); mount --bind {p} "$keep"; mount -t tmpfs -o mode=755,size=1m tmpfs {b}\n'
+            f'mkdir -p {p}; mount --move "$keep" {p}; rmdir "$keep"\n'
+        )
+    script += (
+        f"exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups --inh-caps=-all "
+        '--bounding-set=-all -- "$@"\n'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+
+
+def run_unprivileged(
+    argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 300
+) -> subprocess.CompletedProcess:
+    """Run `argv` (a python command line, usually) as a non-root user from the repository root."""
+    base = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/tmp",
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "LANG": "C.UTF-8",
+    }
+    return subprocess.run(
+        unprivileged_command(argv),
+        env={**base, **(env or {})},
+        cwd=REPO,
+        capture_output=True,
+        timeout=timeout_s,
+        check=False,
+    )
