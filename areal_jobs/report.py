@@ -13,6 +13,8 @@ logger = logging.getLogger(__name__)
 FINAL_KEYS = (
     "accuracy_start",
     "accuracy_end",
+    "pass_at_k_start",
+    "pass_at_k_end",
     "steps",
     "wall_s",
     "max_staleness_seen",

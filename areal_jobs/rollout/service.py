@@ -17,6 +17,7 @@ from pathlib import Path
 
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.evaluation import EvalSummary, evaluate
+from areal_jobs.rollout.generation import GenerationPath, Sampling
 from areal_jobs.rollout.snapshot import ControllerSnapshot, save_snapshot
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator, run_stage
 from areal_jobs.transport import messages as m
@@ -35,6 +36,9 @@ class ControllerService:
         eval_prompts: list,
         *,
         eval_every_steps: int,
+        eval_samples: int = 1,
+        eval_k: int = 1,
+        eval_concurrency: int = 64,
         step_timeout_s: float = 120.0,
         health_interval_s: float = 5.0,
         discover: Callable[[], list[ServerRecord]] | None = None,
@@ -46,6 +50,11 @@ class ControllerService:
         self.channel = channel
         self.eval_prompts = eval_prompts
         self.eval_every_steps = eval_every_steps
+        self.eval_samples = eval_samples  # answers per held-out prompt: pass@1 over them, pass@k
+        self.eval_k = min(eval_k, eval_samples)
+        self.eval_concurrency = eval_concurrency
+        # the training samples' generation path, with its own counters (not rollout throughput)
+        self.eval_path = GenerationPath(controller.pool, controller.running, lambda: controller.version)
         self.step_timeout_s = step_timeout_s
         self.health_interval_s = health_interval_s
         self.discover = discover
@@ -66,7 +75,7 @@ class ControllerService:
                 restored.step, len(restored.retained), restored.num_partial_samples,
             )  # fmt: skip
         elif self.eval_prompts:
-            await self._eval("start", greedy=True)
+            await self._eval("start")
         loops = [self.ctl.admission_loop(), self._stats_loop(), self._health_loop()]
         tasks = [asyncio.create_task(c) for c in loops]
         try:
@@ -180,7 +189,7 @@ class ControllerService:
                 f"abort requests on server {slot.index}", slot.client.abort_all(), self.step_timeout_s
             )
         if msg.final_eval and self.eval_prompts:
-            await self._eval("final", greedy=True)
+            await self._eval("final")
         await self._send(
             m.Stopped(num_groups_pushed=self.ctl.counters.groups_pushed, metrics=self.ctl.metrics())
         )
@@ -209,26 +218,22 @@ class ControllerService:
                     )
                     await self._send(m.WeightsNeeded(reason=f"server {rec.index} rejoined"))
 
-    async def _eval(self, kind: str, greedy: bool = False) -> None:
+    async def _eval(self, kind: str) -> None:
+        """n sampled answers per prompt (pass@1, pass@k), then one greedy answer per prompt."""
         version = self.ctl.version
-        kwargs = dict(max_new_tokens=self.ctl.rollout.max_new_tokens, running=self.ctl.running)
-        summary: EvalSummary = await evaluate(
-            self.ctl.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
-            temperature=self.ctl.rollout.temperature, tag=f"{kind}-v{version}", **kwargs,
+        rollout = self.ctl.rollout
+        common = dict(tag=f"{kind}-v{version}", concurrency=self.eval_concurrency)
+        sampled = await evaluate(
+            self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
+            sampling=Sampling(rollout.max_new_tokens, rollout.temperature, rollout.top_p),
+            samples_per_problem=self.eval_samples, ks=(self.eval_k,), **common,
         )  # fmt: skip
-        await self._send(
-            m.EvalResult(version, summary.accuracy, summary.mean_reward, summary.num_prompts, kind)
-        )
-        if greedy:
-            summary = await evaluate(
-                self.ctl.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
-                temperature=0.0, tag=f"{kind}-greedy-v{version}", **kwargs,
-            )  # fmt: skip
-            await self._send(
-                m.EvalResult(
-                    version, summary.accuracy, summary.mean_reward, summary.num_prompts, f"{kind}_greedy"
-                )
-            )
+        await self._send(eval_result(version, kind, sampled, self.eval_k))
+        greedy = await evaluate(
+            self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
+            sampling=Sampling(rollout.max_new_tokens, temperature=0.0), **common,
+        )  # fmt: skip
+        await self._send(eval_result(version, f"{kind}_greedy", greedy, 1))
 
     async def _stats_loop(self) -> None:
         last_tokens, last_t = self.ctl.counters.generated_tokens, time.monotonic()
@@ -259,3 +264,12 @@ class ControllerService:
         pending, self._outbox = self._outbox, []
         for msg in pending:
             await self.channel.send_control(msg)
+
+
+def eval_result(version: int, kind: str, summary: EvalSummary, k: int) -> m.EvalResult:
+    pass_at_k = (summary.pass_at_k or {}).get(k, summary.accuracy)
+    return m.EvalResult(
+        version, summary.accuracy, summary.mean_reward, summary.num_prompts, kind,
+        pass_at_k=pass_at_k, k=k, samples_per_problem=summary.samples_per_problem,
+        mean_length_tokens=summary.mean_length_tokens, truncation_rate=summary.truncation_rate,
+    )  # fmt: skip
