@@ -32,6 +32,7 @@ from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class RolloutCounters:
     generated_tokens: int = 0

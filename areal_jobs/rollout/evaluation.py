@@ -95,7 +95,7 @@ async def evaluate_problems(
             ProblemResult(
                 index=i,
                 reference=prompt.reference,
-                texts=[requests[i * n + j].text for j in range(n)],
+                texts=[requests[i * n + j].response for j in range(n)],
                 rewards=rewards[i * n : (i + 1) * n],
                 lengths=[len(s.output_ids) for s in row],
                 truncated=[s.finish_reason == FinishReason.length.value for s in row],
@@ -124,6 +124,8 @@ async def evaluate_problems(
     return EvalOutcome(summary, problems)
 
 
-async def evaluate(path: GenerationPath, scorer: RewardScorer, prompts: Sequence[Prompt], decode, **kwargs) -> EvalSummary:
+async def evaluate(
+    path: GenerationPath, scorer: RewardScorer, prompts: Sequence[Prompt], decode, **kwargs
+) -> EvalSummary:
     """`evaluate_problems` without the per-problem rows."""
     return (await evaluate_problems(path, scorer, prompts, decode, **kwargs)).summary
