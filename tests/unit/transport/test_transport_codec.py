@@ -77,6 +77,18 @@ def test_wire_format_is_json_header_plus_little_endian_arrays():
         m.UpdateFailed(version=4, stage="weight broadcast bucket 1/2", error="boom"),
         m.RolloutStats(metrics={"rollout/x": 1.0}),
         m.EvalResult(version=2, accuracy=0.5, mean_reward=0.5, num_prompts=8, kind="final"),
+        m.EvalResult(
+            2,
+            0.25,
+            0.25,
+            8,
+            "periodic",
+            pass_at_k=0.5,
+            k=4,
+            samples_per_problem=4,
+            mean_length_tokens=40.5,
+            truncation_rate=0.125,
+        ),  # fmt: skip
         m.Stop(reason="done"),
         m.Stopped(num_groups_pushed=3, metrics={"a/b": 2.0}),
     ],
