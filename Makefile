@@ -7,7 +7,7 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install system-packages run test test-gpu test-unit lint format bench clean ci warmstart vllm-venv
+.PHONY: install system-packages run test test-gpu test-unit lint format bench clean ci warmstart vllm-venv eval
 # rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
 NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
@@ -35,6 +35,15 @@ system-packages:
 # make run EXP=local_own_model OVERRIDES="model.path=... data.train_path=..." (conf/experiment/)
 run: install $(NEEDS_VLLM)
 	$(PY) -m launch.local $(if $(EXP),experiment=$(EXP)) $(OVERRIDES)
+
+# Evaluate a checkpoint (HF dir, a run's final_hf/, or checkpoints/step_N) on `builtin` or a JSONL
+# file: pass@1, pass@k, greedy accuracy, mean length, truncation rate; docs/evaluation.md.
+# make eval CKPT=runs/tiny-arith/final_hf DATA=builtin EVAL_ARGS="-n 8 --limit 128"
+CKPT ?= areal_jobs/data/builtin_model
+DATA ?= builtin
+EVAL_ARGS ?=
+eval: install $(if $(findstring vllm,$(EVAL_ARGS)),vllm-venv)
+	$(PY) -m launch.evaluate --ckpt $(CKPT) --data $(DATA) $(EVAL_ARGS)
 
 # Rebuild the committed built-in model (tokenizer + tiny Qwen2 + supervised warm start).
 warmstart: install

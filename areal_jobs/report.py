@@ -15,6 +15,8 @@ FINAL_KEYS = (
     "accuracy_end",
     "greedy_accuracy_start",
     "greedy_accuracy_end",
+    "pass_at_k_start",
+    "pass_at_k_end",
     "steps",
     "wall_s",
     "max_staleness_seen",

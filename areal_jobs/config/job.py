@@ -26,11 +26,19 @@ class RunConfig:
     name: str = "tiny-arith"
     root: str = "runs"  # run directory = <root>/<name>
     eval_every_steps: int = 20
+    eval_samples: int = 4  # sampled answers per held-out prompt: pass@1 is their mean, pass@k from them
+    eval_pass_k: int = 4  # the k of the eval/pass@k metric (<= run.eval_samples)
     log_level: str = "INFO"  # AREAL_JOBS_LOG_LEVEL overrides
     tensorboard: bool = True
     samples_every_steps: int = 10  # RUN_DIR/samples.jsonl: a training batch's samples this often (0 = off)
     samples_print: int = 2  # the first few samples of each dump (training and every evaluation) logged
     token: str = ""  # job token for the control channel and API key; empty = generated
+
+    def __post_init__(self) -> None:
+        if self.eval_samples < 1:
+            raise ValueError("run.eval_samples must be >= 1 (answers per held-out prompt)")
+        if not 1 <= self.eval_pass_k <= self.eval_samples:
+            raise ValueError("run.eval_pass_k must be in 1..run.eval_samples (pass@k needs k <= samples)")
 
     @property
     def dir(self) -> Path:

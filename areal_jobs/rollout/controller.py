@@ -5,8 +5,8 @@
         └──── trainer versions ◀───────┘ prompt + partial output (KV recomputed, new weights)
 
 Every output token keeps the behaviour log-prob and the policy version it was sampled under.
-A segment whose tokens may straddle an update (in_place pause) is stamped with the older
-version, so staleness is never under-counted.
+Sending, failover and continuation live in generation.py (GenerationPath), which evaluation
+drives too.
 """
 
 from __future__ import annotations
@@ -20,19 +20,17 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from areal_jobs.api import FinishReason, GenerateRequest, RewardRequest, RewardScorer
+from areal_jobs.api import RewardRequest, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
 from areal_jobs.data.staleness import StalenessManager
-from areal_jobs.rollout.engine_http import ServerCallError
-from areal_jobs.rollout.server_pool import NoServerAvailable, ServerPool
+from areal_jobs.rollout.generation import GenerationPath, Sampling
+from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
 from areal_jobs.rollout.snapshot import PartialSample as SampleState
 from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)
-
-_MAX_SEGMENTS = 10_000  # a sample is re-sent at most this often (every update interrupts it once)
 
 
 @dataclass
@@ -87,7 +85,11 @@ class RolloutController:
         self._tasks: set[asyncio.Task] = set()
         self._wakeup = asyncio.Event()
         self._stopping = False
-        self._segments_in_flight = 0
+        # failover, interruption and version stamping: the same path evaluation uses
+        self.generation = GenerationPath(pool, self.running, lambda: self.version, self.counters)
+        self.sampling = Sampling(
+            rollout.max_new_tokens, rollout.temperature, rollout.top_p, stop_token_ids, tuple(rollout.stop)
+        )
         self.fatal: BaseException | None = None  # a group task's unexpected error ends the run
         # request ids stay unique on a server that outlives this controller (restart, resume)
         self.run_nonce = uuid.uuid4().hex[:8]
@@ -220,61 +222,8 @@ class RolloutController:
 
     async def _run_sample(self, prompt: Prompt, state: SampleState) -> None:
         """Generate one answer, continuing it across interruptions until stop or length."""
-        for segment in range(_MAX_SEGMENTS):
-            remaining = self.rollout.max_new_tokens - len(state.output_ids)
-            if remaining <= 0:
-                state.finish_reason = "length"
-                return
-            await self.running.wait()
-            try:
-                slot = self.pool.least_loaded()
-            except NoServerAvailable:
-                await asyncio.sleep(1.0)  # bounded by the loop; servers come back or the job fails
-                continue
-            sent_version = self.version
-            request = GenerateRequest(
-                rid=f"{self.run_nonce}-{state.sample_id}.{segment}",
-                input_ids=prompt.input_ids + state.output_ids,
-                max_new_tokens=remaining,
-                temperature=self.rollout.temperature,
-                top_p=self.rollout.top_p,
-                stop_token_ids=self.stop_token_ids,
-                stop=tuple(self.rollout.stop),
-                cache_salt=f"v{sent_version}",
-            )
-            if state.output_ids:
-                self.counters.resubmitted_segments += 1
-                self.counters.reprefill_tokens += len(request.input_ids)
-            slot.in_flight += 1
-            self._segments_in_flight += 1
-            try:
-                response = await slot.client.generate(request)
-            except ServerCallError as exc:
-                if exc.is_client_error:
-                    raise  # our request was wrong: failing over would repeat it everywhere
-                self.counters.server_errors += 1
-                if not await slot.client.healthy():  # a dropped connection alone is not a dead server
-                    self.pool.mark_down(slot.index, str(exc))
-                continue  # re-sent with its partial output (to another server if this one is down)
-            finally:
-                slot.in_flight -= 1
-                self._segments_in_flight -= 1
-            self.counters.segments += 1
-            # a segment that straddled an update carries the older version for all its tokens
-            version = min(sent_version, response.weight_version)
-            if response.weight_version > sent_version:
-                self.counters.straddled_segments += 1
-            state.output_ids += response.output_ids
-            state.logprobs += response.logprobs
-            state.versions += [version] * len(response.output_ids)
-            self.counters.generated_tokens += len(response.output_ids)
-            if response.finish_reason is FinishReason.abort:
-                state.interruptions += 1
-                self.counters.interrupted_requests += 1
-                continue
-            state.finish_reason = response.finish_reason.value
-            return
-        raise RuntimeError(f"sample {state.sample_id} was interrupted {_MAX_SEGMENTS} times")
+        rid = f"{self.run_nonce}-{state.sample_id}"
+        await self.generation.run(rid, prompt.input_ids, state, self.sampling)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -307,7 +256,8 @@ class RolloutController:
         state["running"] = len(snap.partial)
         self.staleness.load_state_dict(state)
         self.requeued = deque(tuple(x) for x in snap.requeued)
-        self.counters = RolloutCounters(**snap.counters)
+        for name, value in snap.counters.items():  # in place: the generation path counts into it
+            setattr(self.counters, name, value)
         for group in snap.partial:
             self._start_group(self.stream.at(group.data_index), group.attempt, group.samples)
         self.unacked = {g.group_id: g for g in snap.retained}
@@ -317,7 +267,7 @@ class RolloutController:
 
     @property
     def segments_in_flight(self) -> int:
-        return self._segments_in_flight
+        return self.generation.in_flight
 
     async def stop(self) -> None:
         """Stop admitting and cancel every group in progress (training is over)."""
@@ -335,7 +285,7 @@ class RolloutController:
             "rollout/groups_running": float(st.running),
             "rollout/groups_accepted": float(st.accepted),
             "rollout/groups_pushed": float(c.groups_pushed),
-            "rollout/requests_in_flight": float(self._segments_in_flight),
+            "rollout/requests_in_flight": float(self.generation.in_flight),
             "rollout/generated_tokens": float(c.generated_tokens),
             "rollout/interrupted_requests": float(c.interrupted_requests),
             "rollout/resubmitted_segments": float(c.resubmitted_segments),

@@ -1,139 +1,160 @@
-"""Held-out evaluation on the rollout servers: one sample per prompt, scored by the reward pool.
+"""Evaluation on the rollout servers: n answers per problem, scored by the reward functions.
 
-Start and final evaluations run while no weights change, so every answer comes from one policy
-version. A periodic evaluation runs beside training: an answer interrupted by a weight update is
-continued (prompt + partial output) like a training sample, so evaluations finish however often
-the weights change; the versions seen are reported with the result.
+Answers go through the training samples' own GenerationPath (failover, continuation after an
+interruption, version stamping), with its own counters so evaluation tokens do not count as
+rollout throughput. Start and final evaluations in a run, and `launch.evaluate`, run while no
+weights change, so every answer comes from one policy version; a periodic evaluation runs beside
+training and its answers are continued across updates like training samples, and the versions
+seen are reported with the result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from areal_jobs.api import FinishReason, GenerateRequest, RewardRequest, RewardScorer
+from areal_jobs.api import FinishReason, RewardRequest, RewardScorer
+from areal_jobs.data.eval_metrics import ProblemScores, sampled_metrics
 from areal_jobs.data.prompts import Prompt
-from areal_jobs.rollout.engine_http import ServerCallError
-from areal_jobs.rollout.server_pool import NoServerAvailable, ServerPool
+from areal_jobs.rollout.generation import GenerationPath, Sampling
+from areal_jobs.rollout.snapshot import PartialSample
 from areal_jobs.samples import SampleRecord
 
 logger = logging.getLogger(__name__)
 
-_MAX_ATTEMPTS = 10_000  # one per weight update it lives through, at most
-
 
 @dataclass(frozen=True)
 class EvalSummary:
-    accuracy: float  # share of prompts with reward 1
+    accuracy: float  # pass@1: the mean over problems of the share of correct samples
     mean_reward: float
     num_prompts: int
     min_version: int
     max_version: int
+    samples_per_problem: int = 1
+    pass_at_k: dict[int, float] | None = None  # k -> unbiased pass@k (k <= samples_per_problem)
+    mean_length_tokens: float = 0.0
+    truncation_rate: float = 0.0  # share of samples stopped by max_new_tokens
     by_bucket: dict[str, float] = field(default_factory=dict)  # accuracy per Prompt.bucket
     bucket_sizes: dict[str, int] = field(default_factory=dict)  # prompts per Prompt.bucket
 
 
-async def evaluate(
-    pool: ServerPool,
+@dataclass(frozen=True)
+class ProblemResult:
+    """One problem's answers, for the per-problem rows `launch.evaluate` writes."""
+
+    index: int
+    reference: str
+    texts: list[str]
+    rewards: list[float]
+    lengths: list[int]
+    truncated: list[bool]
+
+
+@dataclass(frozen=True)
+class EvalOutcome:
+    summary: EvalSummary
+    problems: list[ProblemResult]
+
+
+async def evaluate_problems(
+    path: GenerationPath,
     scorer: RewardScorer,
-    prompts: list[Prompt],
-    decode,
+    prompts: Sequence[Prompt],
+    decode: Callable[[list[int]], str],
     *,
-    max_new_tokens: int,
-    temperature: float,
-    running: asyncio.Event,
+    sampling: Sampling,
+    samples_per_problem: int = 1,
+    ks: Sequence[int] = (),
     tag: str,
     concurrency: int = 64,
-    stop_token_ids: tuple[int, ...] = (),
-    stop: tuple[str, ...] = (),
     dump: Callable[[list[SampleRecord]], None] | None = None,
     decode_raw: Callable[[list[int]], str] | None = None,
-) -> EvalSummary:
+) -> EvalOutcome:
+    """n answers per prompt through `path`, scored by `scorer`; pass@1 and pass@k for each k."""
+    if not prompts:
+        raise ValueError("no prompts to evaluate")
+    n = samples_per_problem
     limiter = asyncio.Semaphore(concurrency)
+    nonce = uuid.uuid4().hex[:8]  # request ids stay unique on a server shared across evaluations
+    states = [[PartialSample(f"{i}/{j}") for j in range(n)] for i in range(len(prompts))]
 
-    async def one(i: int, prompt: Prompt) -> tuple[list[int], int, int, str]:
-        output: list[int] = []
-        first_version = None
+    async def one(prompt: Prompt, state: PartialSample) -> None:
         async with limiter:
-            for attempt in range(_MAX_ATTEMPTS):
-                await running.wait()
-                try:
-                    slot = pool.least_loaded()
-                except NoServerAvailable:
-                    await asyncio.sleep(1.0)
-                    continue
-                request = GenerateRequest(
-                    rid=f"eval-{tag}-{i}.{attempt}",
-                    input_ids=prompt.input_ids + output,
-                    max_new_tokens=max_new_tokens - len(output),
-                    temperature=temperature,
-                    top_p=1.0,
-                    stop_token_ids=stop_token_ids,
-                    stop=stop,
-                )
-                slot.in_flight += 1
-                try:
-                    response = await slot.client.generate(request)
-                except ServerCallError as exc:
-                    if exc.is_client_error:
-                        raise
-                    if not await slot.client.healthy():
-                        pool.mark_down(slot.index, str(exc))
-                    continue
-                finally:
-                    slot.in_flight -= 1
-                output += response.output_ids
-                if first_version is None:
-                    first_version = response.weight_version
-                if response.finish_reason is not FinishReason.abort or len(output) >= max_new_tokens:
-                    reason = "length" if response.finish_reason is not FinishReason.stop else "stop"
-                    return output, first_version, response.weight_version, reason
-            raise RuntimeError(f"evaluation prompt {i} was interrupted {_MAX_ATTEMPTS} times")
+            await path.run(f"eval-{tag}-{nonce}-{state.sample_id}", prompt.input_ids, state, sampling)
 
-    outputs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    version_before = path.version()
+    await asyncio.gather(*(one(p, s) for p, row in zip(prompts, states) for s in row))
     requests = [
-        RewardRequest(p.reward_task, decode(ids), p.reference) for p, (ids, *_) in zip(prompts, outputs)
+        RewardRequest(p.reward_task, decode(s.output_ids), p.reference)
+        for p, row in zip(prompts, states)
+        for s in row
     ]
     results = await scorer.score_group(requests)
     rewards = [r.reward for r in results]
-    versions = [v for _, _, v, _ in outputs]
+    problems = []
+    for i, (prompt, row) in enumerate(zip(prompts, states)):
+        problems.append(
+            ProblemResult(
+                index=i,
+                reference=prompt.reference,
+                texts=[requests[i * n + j].response for j in range(n)],
+                rewards=rewards[i * n : (i + 1) * n],
+                lengths=[len(s.output_ids) for s in row],
+                truncated=[s.finish_reason == FinishReason.length.value for s in row],
+            )
+        )
+    ks = sorted({k for k in ks if k <= n} | {1})
+    metrics = sampled_metrics([ProblemScores(p.rewards, p.lengths, p.truncated) for p in problems], ks)
+    versions = [v for row in states for s in row for v in s.versions] or [version_before]
     if dump is not None:
         raw = decode_raw or decode
         dump([
-            SampleRecord(tag, versions[i] if versions else 0, raw(p.input_ids), raw(ids), r.reward,
-                         r.status.value, v0, v1, reason)
-            for i, (p, (ids, v0, v1, reason), r) in enumerate(zip(prompts, outputs, results))
+            SampleRecord(tag, version_before, raw(p.input_ids), raw(s.output_ids), r.reward, r.status.value,
+                         min(s.versions, default=version_before), max(s.versions, default=version_before),
+                         "stop" if s.finish_reason == FinishReason.stop.value else "length")
+            for (p, s), r in zip(((p, s) for p, row in zip(prompts, states) for s in row), results)
         ])  # fmt: skip
-    n = max(len(prompts), 1)
-    by_bucket, sizes = bucket_accuracy([p.bucket for p in prompts], rewards)
+    by_bucket, sizes = bucket_accuracy(
+        [p.bucket for p in prompts], [sum(r >= 1.0 for r in p.rewards) / n for p in problems]
+    )
     summary = EvalSummary(
-        accuracy=sum(1.0 for r in rewards if r >= 1.0) / n,
-        mean_reward=sum(rewards) / n,
+        accuracy=metrics.pass_at_1,
+        mean_reward=metrics.mean_reward,
         num_prompts=len(prompts),
-        min_version=min(versions, default=0),
-        max_version=max(versions, default=0),
+        min_version=min(versions),
+        max_version=max(versions),
+        samples_per_problem=n,
+        pass_at_k=metrics.pass_at_k,
+        mean_length_tokens=metrics.mean_length_tokens,
+        truncation_rate=metrics.truncation_rate,
         by_bucket=by_bucket,
         bucket_sizes=sizes,
     )
     logger.info(
-        "eval %s: accuracy %.3f over %d prompts (versions %d..%d)",
-        tag,
-        summary.accuracy,
-        n,
-        summary.min_version,
-        summary.max_version,
-    )
-    return summary
+        "eval %s: pass@1 %.3f, %s over %d prompts x %d samples (versions %d..%d)",
+        tag, summary.accuracy,
+        ", ".join(f"pass@{k} {v:.3f}" for k, v in metrics.pass_at_k.items() if k > 1) or "-",
+        len(prompts), n, summary.min_version, summary.max_version,
+    )  # fmt: skip
+    return EvalOutcome(summary, problems)
 
 
-def bucket_accuracy(buckets: list[str], rewards: list[float]) -> tuple[dict[str, float], dict[str, int]]:
-    """Accuracy and prompt count per non-empty bucket, in order of first appearance."""
-    correct: dict[str, int] = {}
+async def evaluate(
+    path: GenerationPath, scorer: RewardScorer, prompts: Sequence[Prompt], decode, **kwargs
+) -> EvalSummary:
+    """`evaluate_problems` without the per-problem rows."""
+    return (await evaluate_problems(path, scorer, prompts, decode, **kwargs)).summary
+
+
+def bucket_accuracy(buckets: list[str], accuracies: list[float]) -> tuple[dict[str, float], dict[str, int]]:
+    """Mean per-prompt accuracy and prompt count per non-empty bucket, in order of first appearance."""
+    total: dict[str, float] = {}
     sizes: dict[str, int] = {}
-    for bucket, r in zip(buckets, rewards):
+    for bucket, accuracy in zip(buckets, accuracies):
         if bucket:
             sizes[bucket] = sizes.get(bucket, 0) + 1
-            correct[bucket] = correct.get(bucket, 0) + (r >= 1.0)
-    return {b: correct[b] / sizes[b] for b in sizes}, sizes
+            total[bucket] = total.get(bucket, 0.0) + float(accuracy)
+    return {b: total[b] / sizes[b] for b in sizes}, sizes

@@ -74,7 +74,8 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     orchestrator = WeightUpdateOrchestrator(pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s)
     service = ControllerService(
         controller, pool, orchestrator, channel, prompts.held_out,
-        eval_every_steps=cfg.run.eval_every_steps, step_timeout_s=cfg.weight_sync.step_timeout_s,
+        eval_every_steps=cfg.run.eval_every_steps, eval_samples=cfg.run.eval_samples,
+        eval_k=cfg.run.eval_pass_k, step_timeout_s=cfg.weight_sync.step_timeout_s,
         health_interval_s=cfg.rollout.health_interval_s, make_client=make_client,
         discover=lambda: discovery.read_servers(run_dir),
     )  # fmt: skip

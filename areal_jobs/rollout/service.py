@@ -17,6 +17,7 @@ from pathlib import Path
 
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.evaluation import EvalSummary, evaluate
+from areal_jobs.rollout.generation import GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, save_snapshot
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator, run_stage
@@ -37,6 +38,9 @@ class ControllerService:
         eval_prompts: list,
         *,
         eval_every_steps: int,
+        eval_samples: int = 1,
+        eval_k: int = 1,
+        eval_concurrency: int = 64,
         step_timeout_s: float = 120.0,
         health_interval_s: float = 5.0,
         discover: Callable[[], list[ServerRecord]] | None = None,
@@ -49,6 +53,11 @@ class ControllerService:
         self.channel = channel
         self.eval_prompts = eval_prompts
         self.eval_every_steps = eval_every_steps
+        self.eval_samples = eval_samples  # answers per held-out prompt: pass@1 over them, pass@k
+        self.eval_k = min(eval_k, eval_samples)
+        self.eval_concurrency = eval_concurrency
+        # the training samples' generation path, with its own counters (not rollout throughput)
+        self.eval_path = GenerationPath(pool, controller.running, lambda: controller.version)
         self.step_timeout_s = step_timeout_s
         self.health_interval_s = health_interval_s
         self.discover = discover
@@ -71,7 +80,7 @@ class ControllerService:
                 restored.step, len(restored.retained), restored.num_partial_samples,
             )  # fmt: skip
         elif self.eval_prompts:
-            await self._eval("start", greedy=True)
+            await self._eval("start")
         loops = [self.ctl.admission_loop(), self._stats_loop(), self._health_loop()]
         tasks = [asyncio.create_task(c) for c in loops]
         try:
@@ -185,7 +194,7 @@ class ControllerService:
                 f"abort requests on server {slot.index}", slot.client.abort_all(), self.step_timeout_s
             )
         if msg.final_eval and self.eval_prompts:
-            await self._eval("final", greedy=True)
+            await self._eval("final")
         await self._send(
             m.Stopped(
                 num_groups_pushed=self.ctl.counters.groups_pushed,
@@ -216,24 +225,27 @@ class ControllerService:
                     )
                     await self._send(m.WeightsNeeded(reason=f"server {rec.index} rejoined"))
 
-    async def _eval(self, kind: str, greedy: bool = False) -> None:
+    async def _eval(self, kind: str) -> None:
+        """n sampled answers per prompt (pass@1, pass@k), then one greedy answer per prompt."""
         version = self.ctl.version
-        kwargs = dict(
-            max_new_tokens=self.ctl.rollout.max_new_tokens, running=self.ctl.running,
-            stop_token_ids=self.ctl.stop_token_ids, stop=tuple(self.ctl.rollout.stop),
+        rollout = self.ctl.rollout
+        stops = dict(stop_token_ids=self.ctl.stop_token_ids, stop=tuple(rollout.stop))
+        common = dict(
+            tag=f"{kind}-v{version}", concurrency=self.eval_concurrency,
             dump=self.dump_samples, decode_raw=self.decode_raw,
         )  # fmt: skip
-        summary: EvalSummary = await evaluate(
-            self.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
-            temperature=self.ctl.rollout.temperature, tag=f"{kind}-v{version}", **kwargs,
+        sampled = await evaluate(
+            self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
+            sampling=Sampling(rollout.max_new_tokens, rollout.temperature, rollout.top_p, **stops),
+            samples_per_problem=self.eval_samples, ks=(self.eval_k,), **common,
         )  # fmt: skip
-        await self._send(_eval_result(version, summary, kind))
-        if greedy:
-            summary = await evaluate(
-                self.pool, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
-                temperature=0.0, tag=f"{kind}-greedy-v{version}", **kwargs,
-            )  # fmt: skip
-            await self._send(_eval_result(version, summary, f"{kind}_greedy"))
+        await self._send(eval_result(version, kind, sampled, self.eval_k))
+        common["tag"] = f"{kind}-greedy-v{version}"
+        greedy = await evaluate(
+            self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
+            sampling=Sampling(rollout.max_new_tokens, temperature=0.0, **stops), **common,
+        )  # fmt: skip
+        await self._send(eval_result(version, f"{kind}_greedy", greedy, 1))
 
     async def _stats_loop(self) -> None:
         last_tokens, last_t = self.ctl.counters.generated_tokens, time.monotonic()
@@ -266,8 +278,10 @@ class ControllerService:
             await self.channel.send_control(msg)
 
 
-def _eval_result(version: int, summary: EvalSummary, kind: str) -> m.EvalResult:
+def eval_result(version: int, kind: str, summary: EvalSummary, k: int) -> m.EvalResult:
+    pass_at_k = (summary.pass_at_k or {}).get(k, summary.accuracy)
     return m.EvalResult(
         version, summary.accuracy, summary.mean_reward, summary.num_prompts, kind,
-        summary.by_bucket, summary.bucket_sizes,
+        summary.by_bucket, summary.bucket_sizes, pass_at_k=pass_at_k, k=k, samples_per_problem=summary.samples_per_problem,
+        mean_length_tokens=summary.mean_length_tokens, truncation_rate=summary.truncation_rate,
     )  # fmt: skip

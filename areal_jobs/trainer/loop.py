@@ -132,16 +132,23 @@ class TrainLoop:
             setattr(self, key, int(state[key]))
 
     def log_evals(self) -> None:
+        """Each evaluation at the step it arrived, keyed to the policy version it measured."""
         for ev in self.inbox.take_evals():
-            prefix = "eval/greedy_" if ev.kind.endswith("_greedy") else "eval/"
-            self.sink.log(
-                self.step,
-                {
-                    f"{prefix}accuracy": ev.accuracy,
-                    f"{prefix}mean_reward": ev.mean_reward,
-                    f"{prefix}version": float(ev.version),
-                },
-            )
+            if ev.kind.endswith("_greedy"):
+                row = {"eval/greedy": ev.accuracy, "eval/greedy_accuracy": ev.accuracy,
+                       "eval/greedy_mean_reward": ev.mean_reward, "eval/greedy_version": float(ev.version)}  # fmt: skip
+            else:
+                row = {
+                    "eval/pass@1": ev.accuracy,
+                    "eval/accuracy": ev.accuracy,  # the same as eval/pass@1, kept for older readers
+                    "eval/pass@k": ev.pass_at_k,
+                    "eval/k": float(ev.k),
+                    "eval/mean_reward": ev.mean_reward,
+                    "eval/mean_length_tokens": ev.mean_length_tokens,
+                    "eval/truncation_rate": ev.truncation_rate,
+                    "eval/version": float(ev.version),
+                }
+            self.sink.log(self.step, row)
 
     def _batch_metrics(self, batch: TrainBatch, groups: list[m.TrajectoryGroup]) -> dict[str, float]:
         samples = [s for g in groups for s in g.samples]

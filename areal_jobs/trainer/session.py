@@ -6,6 +6,7 @@ driver reads like the algorithm. Every wait is bounded and names what it waited 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -164,12 +165,16 @@ def finish(cfg: JobConfig, run_dir: Path, loop: TrainLoop, resumed: bool, t_star
 def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stopped: m.Stopped,
             resumed: bool, t_start: float) -> dict:  # fmt: skip
     """The content of summary.json."""
-    evals = {ev.kind: ev.accuracy for ev in inbox.all_evals}
+    evals = {ev.kind: ev for ev in inbox.all_evals}
+    acc = {kind: ev.accuracy for kind, ev in evals.items()}
     return {
-        "accuracy_start": evals.get("start"),
-        "accuracy_end": evals.get("final"),
-        "greedy_accuracy_start": evals.get("start_greedy"),
-        "greedy_accuracy_end": evals.get("final_greedy"),
+        "accuracy_start": acc.get("start"),
+        "accuracy_end": acc.get("final"),
+        "greedy_accuracy_start": acc.get("start_greedy"),
+        "greedy_accuracy_end": acc.get("final_greedy"),
+        "pass_at_k_start": evals["start"].pass_at_k if "start" in evals else None,
+        "pass_at_k_end": evals["final"].pass_at_k if "final" in evals else None,
+        "pass_at_k_k": cfg.run.eval_pass_k,
         "steps": loop.step,
         "wall_s": round(time.time() - t_start, 1),
         "max_staleness_seen": loop.max_staleness_seen,
@@ -193,9 +198,8 @@ def _sandbox_mode(metrics: dict[str, float]) -> str | None:
 
 
 def _eval_row(ev: m.EvalResult) -> dict:
-    return {"version": ev.version, "accuracy": ev.accuracy, "mean_reward": ev.mean_reward,
-            "num_prompts": ev.num_prompts, "kind": ev.kind, "by_bucket": ev.by_bucket,
-            "bucket_sizes": ev.bucket_sizes}  # fmt: skip
+    """Every field, so that a resumed run's summary has the start evaluation's pass@k too."""
+    return dataclasses.asdict(ev)
 
 
 _LENGTH_COLUMNS = {"start": "sampled_start", "final": "sampled_end",

@@ -165,12 +165,17 @@ class EvalResult:
     """Controller -> trainer: held-out accuracy of the policy at `version`."""
 
     version: int
-    accuracy: float
+    accuracy: float  # pass@1: mean over prompts of the share of correct samples
     mean_reward: float
     num_prompts: int
     kind: str  # "start" | "periodic" | "final", with "_greedy" for temperature 0
     by_bucket: dict[str, float] = field(default_factory=dict)  # accuracy per prompt bucket (chain length)
     bucket_sizes: dict[str, int] = field(default_factory=dict)
+    pass_at_k: float = 0.0  # unbiased pass@k from samples_per_problem answers per prompt
+    k: int = 1
+    samples_per_problem: int = 1
+    mean_length_tokens: float = 0.0
+    truncation_rate: float = 0.0  # share of answers stopped by rollout.max_new_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ import asyncio
 
 from areal_jobs.data.prompts import Prompt
 from areal_jobs.rollout.evaluation import evaluate
+from areal_jobs.rollout.generation import GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 
 from .fake_server import FakeServer, ZeroScorer
@@ -22,9 +23,9 @@ def test_eval_records_stop_reason_and_sends_stop_conditions():
     running.set()
     summary = asyncio.run(
         evaluate(
-            pool, ZeroScorer(), prompts, lambda ids: " ".join(map(str, ids)), max_new_tokens=4,
-            temperature=0.0, running=running, tag="final", stop_token_ids=(0, 2), stop=("</s>",),
-            dump=records.extend,
+            GenerationPath(pool, running, lambda: 5), ZeroScorer(), prompts,
+            lambda ids: " ".join(map(str, ids)), tag="final", dump=records.extend,
+            sampling=Sampling(4, 0.0, stop_token_ids=(0, 2), stop=("</s>",)),
         )
     )  # fmt: skip
     assert summary.num_prompts == 2

@@ -86,6 +86,18 @@ def test_wire_format_is_json_header_plus_little_endian_arrays():
             by_bucket={"1": 0.75, "3-4": 0.25},
             bucket_sizes={"1": 4, "3-4": 4},
         ),
+        m.EvalResult(
+            2,
+            0.25,
+            0.25,
+            8,
+            "periodic",
+            pass_at_k=0.5,
+            k=4,
+            samples_per_problem=4,
+            mean_length_tokens=40.5,
+            truncation_rate=0.125,
+        ),  # fmt: skip
         m.Stop(reason="done"),
         m.Stopped(num_groups_pushed=3, metrics={"a/b": 2.0}),
     ],
