@@ -25,7 +25,7 @@ class RunConfig:
 
     name: str = "tiny-arith"
     root: str = "runs"  # run directory = <root>/<name>
-    eval_every_steps: int = 20
+    eval_every_steps: int = 50  # each evaluation is run.eval_samples + 1 answers per held-out prompt
     eval_samples: int = 4  # sampled answers per held-out prompt: pass@1 is their mean, pass@k from them
     eval_pass_k: int = 4  # the k of the eval/pass@k metric (<= run.eval_samples)
     log_level: str = "INFO"  # AREAL_JOBS_LOG_LEVEL overrides
