@@ -24,7 +24,7 @@ from areal_jobs.api import RewardRequest, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
 from areal_jobs.data.staleness import StalenessManager
-from areal_jobs.rollout.generation import GenerationPath, Sampling
+from areal_jobs.rollout.generation import GenerationCounters, GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
 from areal_jobs.rollout.snapshot import PartialSample as SampleState
@@ -34,18 +34,10 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class RolloutCounters:
-    generated_tokens: int = 0
-    interrupted_requests: int = 0
+class RolloutCounters(GenerationCounters):
+    """The generation path's counters (it counts into this object) and the controller's own."""
+
     groups_pushed: int = 0
-    server_errors: int = 0
-    segments: int = 0
-    # segments re-sent after an interruption, and their input tokens (prompt + partial output),
-    # which the server prefills again: the cost of pause_mode=abort
-    resubmitted_segments: int = 0
-    reprefill_tokens: int = 0
-    # segments that an update caught in flight and that went on under the new weights (in_place)
-    straddled_segments: int = 0
     discarded_groups: int = 0  # dynamic sampling: all-equal-reward groups dropped and replaced
     discards_in_a_row: int = 0
 

@@ -32,7 +32,7 @@ NO_SERVER_WAIT_S = 1.0  # bounded by MAX_SEGMENTS; servers come back or the job 
 
 @dataclass
 class GenerationCounters:
-    """What the path did; the controller keeps its own in RolloutCounters (same field names)."""
+    """What the path did (the controller's RolloutCounters extend these)."""
 
     generated_tokens: int = 0
     interrupted_requests: int = 0

@@ -39,8 +39,8 @@ from areal_jobs.trainer import fsdp_state
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
-from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
-from areal_jobs.trainer.torch_backend import loss_inputs, token_logprobs
+from areal_jobs.trainer.loss import LossStats, ppo_loss
+from areal_jobs.trainer.torch_backend import loss_inputs, step_weights, token_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -156,15 +156,7 @@ class FSDPBackend:
         stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
         for minibatch in _minibatches(outputs, min(self.algo.ppo_minibatches, len(samples))):
             # aggregation weights over this optimiser step's samples (loss.py), the same on every rank
-            agg = dict(
-                zip(
-                    minibatch,
-                    token_weights(
-                        [samples[i].mask() for i in minibatch], self.algo.loss_agg, batch.max_new_tokens
-                    ),
-                    strict=True,
-                )
-            )
+            agg = step_weights(samples, minibatch, self.algo, batch.max_new_tokens)
             self.optimizer.zero_grad(set_to_none=True)
             plan = plan_microbatches([lengths[i] for i in minibatch], self.world, budget)[self.rank]
             for local in plan:

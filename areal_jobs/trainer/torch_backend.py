@@ -78,6 +78,14 @@ def loss_inputs(samples: list[TrainSample], agg_weights: list[np.ndarray]) -> di
     }
 
 
+def step_weights(
+    samples: list[TrainSample], minibatch: list[int], algo: AlgoConfig, max_new_tokens: int
+) -> dict[int, np.ndarray]:
+    """Aggregation weights of one optimiser step's samples (loss.py token_weights), by index."""
+    masks = [samples[i].mask() for i in minibatch]
+    return dict(zip(minibatch, token_weights(masks, algo.loss_agg, max_new_tokens), strict=True))
+
+
 class TorchBackend:
     """api.TrainBackend over a transformers causal LM (the CPU and small-run backend)."""
 
@@ -143,15 +151,7 @@ class TorchBackend:
             outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))
         ):
             # aggregation weights over this optimiser step's samples (loss.py)
-            agg = dict(
-                zip(
-                    minibatch,
-                    token_weights(
-                        [samples[i].mask() for i in minibatch], self.algo.loss_agg, batch.max_new_tokens
-                    ),
-                    strict=True,
-                )
-            )
+            agg = step_weights(samples, minibatch, self.algo, batch.max_new_tokens)
             self.optimizer.zero_grad(set_to_none=True)
             for local in balanced_microbatches([lengths[i] for i in minibatch], budget):
                 mb = [minibatch[j] for j in local]
