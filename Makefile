@@ -7,7 +7,7 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install system-packages run test test-gpu test-unit lint format bench clean ci warmstart vllm-venv eval
+.PHONY: install system-packages run test test-gpu test-unit lint format bench ablate clean ci warmstart vllm-venv eval
 # rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
 NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
@@ -68,6 +68,12 @@ format: install
 
 bench: install vllm-venv
 	$(PY) -m bench $(OVERRIDES)
+
+# The paper's staleness ablation in miniature (bench/README.md): eta in {0,1,2,4,8} x {decoupled, naive
+# PPO} x 2 seeds on the built-in task, about an hour on 2 cores; not part of CI.
+# make ablate OVERRIDES="--etas 0,8 --seeds 1 --steps 40 trainer.lr=6e-4"
+ablate: install
+	$(PY) -m bench.ablate $(OVERRIDES)
 
 ci: lint test
 
