@@ -148,3 +148,23 @@ def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dic
             "after": {k: v.detach().numpy().copy() for k, v in backend.iter_weights()},
         }
     return out
+
+
+def fsdp_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict:
+    """One spawned FSDP2 rank (DP over `world`): every case on fresh weights, ranks reused."""
+    import gc
+
+    from areal_jobs.config import DType, TrainerBackend
+    from areal_jobs.trainer.fsdp_backend import FSDPBackend, init_distributed
+
+    cfg = replace(trainer_config(), backend=TrainerBackend.fsdp, dp_size=world)
+    init_distributed(cfg, timeout_s=120.0)
+    out = {}
+    for case in cases:
+        backend = FSDPBackend(cfg, algo_for(case), model_dir, DType.float32)
+        backend.setup()
+        metrics = backend.train_step(batch_for(case) if rank == 0 else None)
+        out[case] = {"metrics": metrics, "after": exported(backend)}
+        del backend
+        gc.collect()
+    return out

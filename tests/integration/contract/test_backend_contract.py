@@ -4,8 +4,8 @@ The batch (contract_cases.py): 4 groups x 3 answers, lengths 1 to 24 with one cu
 max_new_tokens, an all-equal-reward group, holes in two samples' loss masks, behaviour
 log-probs 1-2 versions stale. Each case of CASES (derived from the AlgoConfig schema) runs one
 train step on fresh weights of a tiny random Qwen2 (tied embeddings, vocab 200 padded to 256)
-on the torch backend and on Megatron at TP=1 and at TP=2 x DP=2 (gloo, one spawned process per
-rank, reused across cases). Compared against torch, per case:
+on the torch backend, on Megatron at TP=1 and at TP=2 x DP=2, and on FSDP2 at DP=2 (gloo, one
+spawned process per rank, reused across cases). Compared against torch, per case:
   train/loss            |d| < 1e-6          (loss of order 0.1-1, fp32)
   train/grad_norm       |d| < 1e-4 relative
   updated weights       ||d|| / ||update|| < 1e-3 (harness.update_diff) and max |d| < 3e-4: the
@@ -13,12 +13,15 @@ rank, reused across cases). Compared against torch, per case:
                         gradient, so on near-zero gradients (TP x DP summation order) rounding
                         shows as up to ~1.4e-4 here; the relative norm is the real measure
   ppo/*, mismatch/*     |d| < 1e-5          (fractions: every token decides the same way)
-Knobs Megatron does not implement are refused by the config, naming the override.
+Knobs a backend does not implement are refused by the config, naming the override
+(config/support.py: Megatron ppo_minibatches > 1 and kl_coef; FSDP kl_coef).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import fields
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,10 +31,14 @@ from contract_cases import (
     REFUSED,
     algo_for,
     batch_for,
+    fsdp_worker,
     megatron_worker,
     torch_worker,
 )
 from harness import make_tiny_hf, run_ranks, update_diff
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fsdp"))
+from fsdp_harness import run_ranks as run_fsdp_ranks  # noqa: E402
 
 pytestmark = pytest.mark.megatron
 
@@ -40,7 +47,9 @@ GRAD_REL_TOL = 1e-4
 WEIGHT_TOL = 3e-4
 UPDATE_TOL = 1e-3
 METRIC_TOL = 1e-5
-LAYOUTS = {"tp1": (1, 1), "tp2dp2": (2, 2)}
+LAYOUTS = {"tp1": (1, 1), "tp2dp2": (2, 2)}  # Megatron (tp, dp)
+FSDP_WORLD = 2
+COMPARED = [*LAYOUTS, "fsdp_dp2"]
 
 
 def test_every_algo_field_is_covered():
@@ -73,6 +82,7 @@ def results(tmp_path_factory):
     out = {"torch": run_ranks(torch_worker, 1, model, cases, timeout_s=300)[0]}
     for name, (tp, dp) in LAYOUTS.items():
         out[name] = run_ranks(megatron_worker, tp * dp, tp, dp, model, cases, timeout_s=300)
+    out["fsdp_dp2"] = run_fsdp_ranks(fsdp_worker, FSDP_WORLD, model, cases, timeout_s=300)
     return out
 
 
@@ -91,7 +101,7 @@ def test_backends_agree_on_every_case(results):
     for case in CASES:
         ref = torch_out[case]["metrics"]
         assert batch_for(case).samples, case
-        for layout in LAYOUTS:
+        for layout in COMPARED:
             got = results[layout][0][case]["metrics"]
             weight_diff, update_rel = update_diff(
                 merged(results[layout], case), torch_out[case]["after"], before
