@@ -111,24 +111,29 @@ def batch_for(case: str):
     return batch
 
 
-def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cases: list[str]) -> dict:
-    """One spawned rank: every case on fresh weights, in this one process (ranks reused)."""
+def _each_case(make_backend, rank: int, cases: list[str]) -> dict:
+    """Every case on fresh weights of a new backend in this one spawned rank (ranks reused);
+    global rank 0 passes the batch, as the trainer does."""
     import gc
 
-    from areal_jobs.config import DType
-    from areal_jobs.trainer.megatron_backend import MegatronBackend, init_distributed
-
-    cfg = trainer_config(tp, 1, dp)
-    init_distributed(cfg, timeout_s=120.0)
     out = {}
     for case in cases:
-        backend = MegatronBackend(cfg, algo_for(case), model_dir, DType.float32)
+        backend = make_backend(algo_for(case))
         backend.setup()
         metrics = backend.train_step(batch_for(case) if rank == 0 else None)
         out[case] = {"metrics": metrics, "after": exported(backend)}
         del backend
         gc.collect()
     return out
+
+
+def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cases: list[str]) -> dict:
+    from areal_jobs.config import DType
+    from areal_jobs.trainer.megatron_backend import MegatronBackend, init_distributed
+
+    cfg = trainer_config(tp, 1, dp)
+    init_distributed(cfg, timeout_s=120.0)
+    return _each_case(lambda algo: MegatronBackend(cfg, algo, model_dir, DType.float32), rank, cases)
 
 
 def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict:
@@ -151,20 +156,10 @@ def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dic
 
 
 def fsdp_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict:
-    """One spawned FSDP2 rank (DP over `world`): every case on fresh weights, ranks reused."""
-    import gc
-
+    """One spawned FSDP2 rank (DP over `world`)."""
     from areal_jobs.config import DType, TrainerBackend
     from areal_jobs.trainer.fsdp_backend import FSDPBackend, init_distributed
 
     cfg = replace(trainer_config(), backend=TrainerBackend.fsdp, dp_size=world)
     init_distributed(cfg, timeout_s=120.0)
-    out = {}
-    for case in cases:
-        backend = FSDPBackend(cfg, algo_for(case), model_dir, DType.float32)
-        backend.setup()
-        metrics = backend.train_step(batch_for(case) if rank == 0 else None)
-        out[case] = {"metrics": metrics, "after": exported(backend)}
-        del backend
-        gc.collect()
-    return out
+    return _each_case(lambda algo: FSDPBackend(cfg, algo, model_dir, DType.float32), rank, cases)
