@@ -13,7 +13,7 @@ def join_ranks(cfg: JobConfig) -> RankChannel:
     or anything)."""
     backend = cfg.trainer.backend
     if backend is TrainerBackend.megatron:
-        from areal_jobs.trainer.megatron_backend import init_distributed
+        from areal_jobs.trainer.megatron_dist import init_distributed
     elif backend is TrainerBackend.fsdp:
         from areal_jobs.trainer.fsdp_backend import init_distributed
     else:
@@ -46,7 +46,7 @@ def pipeline_stage(cfg: JobConfig, rank: int) -> int:
 def leave_ranks(cfg: JobConfig) -> None:
     """After a clean run: leave the process group `join_ranks` joined."""
     if cfg.trainer.backend is TrainerBackend.megatron:
-        from areal_jobs.trainer.megatron_backend import shutdown_distributed
+        from areal_jobs.trainer.megatron_dist import shutdown_distributed
 
         shutdown_distributed()
     elif cfg.trainer.backend is TrainerBackend.fsdp:

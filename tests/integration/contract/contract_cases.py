@@ -129,7 +129,8 @@ def _each_case(make_backend, rank: int, cases: list[str]) -> dict:
 
 def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cases: list[str]) -> dict:
     from areal_jobs.config import DType
-    from areal_jobs.trainer.megatron_backend import MegatronBackend, init_distributed
+    from areal_jobs.trainer.megatron_backend import MegatronBackend
+    from areal_jobs.trainer.megatron_dist import init_distributed
 
     cfg = trainer_config(tp, 1, dp)
     init_distributed(cfg, timeout_s=120.0)
