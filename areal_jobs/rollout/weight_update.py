@@ -134,11 +134,13 @@ class WeightUpdateOrchestrator:
                     )
 
         await asyncio.gather(*(pipeline(s) for s in self.pool.up_slots))
-        await self._each_server("end weight update", lambda s: s.client.end_weight_update())
+        # every bucket has arrived: a server that dies from here on (seen: kill -9 during vLLM's
+        # end-of-update RPC) only leaves the pool, to be restarted and rejoin with current weights
+        await self._each_server("end weight update", lambda s: s.client.end_weight_update(), tolerate=True)
         if self.pause_mode is not PauseMode.in_place:
             # in_place keeps the paused requests' KV cache by design, and SGLang refuses to flush
             # while they are held (HTTP 400): cached prefixes from the old weights stay usable
-            await self._each_server("flush cache", _flush_when_idle)
+            await self._each_server("flush cache", _flush_when_idle, tolerate=True)
 
     async def load_from_disk(self, version: int, path: str) -> None:
         """Fallback: every server loads the trainer's safetensors checkpoint."""

@@ -257,9 +257,12 @@ def test_aborted_request_continues_under_new_version(vllm_server, tiny_model_dir
     )
     assert set(held) == {0}  # every request came back (aborted) before the weights changed
     assert any(len(set(s.versions.tolist())) >= 2 for s in group.samples), "no answer spans two versions"
+    # Under load the suite saw one of the two samples finish between updates without being
+    # aborted (4 updates instead of ~18): the claims below hold for every sample, interrupted or
+    # not; at least one must have been interrupted for the test to mean anything.
+    assert any(sample.num_interruptions >= 1 for sample in group.samples)
     for sample in group.samples:
         versions = sample.versions.tolist()
-        assert sample.num_interruptions >= 1
         assert versions == sorted(versions) and versions[0] >= 8
         assert sample.output_ids.tolist() == uninterrupted.output_ids
 

@@ -131,6 +131,23 @@ def test_failures_after_the_group_is_formed_are_fatal():
         asyncio.run(orch.receive(1, (SENDER,)))
 
 
+def test_a_server_that_dies_after_every_bucket_arrived_only_leaves_the_pool():
+    """kill -9 during the end-of-update call (seen with vLLM's collective_rpc): the other servers
+    hold the new weights, so the update completes without the dead one, which rejoins later."""
+
+    class DiesAtEnd(Recorder):
+        async def end_weight_update(self):
+            raise ConnectionError("connection reset by peer")
+
+    orch, pool = orchestrator([Recorder("a"), DiesAtEnd("b")])
+    asyncio.run(orch.receive(1, (SENDER,)))
+    assert pool.slots[0].up and not pool.slots[1].up
+    assert ("flush",) in pool.slots[0].client.calls  # the survivor finished its update
+    orch, _ = orchestrator([DiesAtEnd("a"), DiesAtEnd("b")])
+    with pytest.raises(StageError, match="end weight update on server 0"):
+        asyncio.run(orch.receive(1, (SENDER,)))  # nobody left holding the weights: fatal
+
+
 def test_abort_mode_interrupts_requests_itself_before_pausing():
     """SGLang's abort-mode pause re-checks only once a second; we abort, wait for the partial
     outputs to return, then pause a server with nothing left to abort."""
