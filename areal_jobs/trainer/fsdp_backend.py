@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -40,6 +38,7 @@ from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.loss import LossStats, ppo_loss
+from areal_jobs.trainer.process_group import join_default_group
 from areal_jobs.trainer.torch_backend import loss_inputs, step_weights, token_logprobs
 
 logger = logging.getLogger(__name__)
@@ -51,26 +50,12 @@ def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) 
     A lone process without those variables (dp_size 1) gets a private one-rank group."""
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if not dist.is_initialized():
-        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-        timeout = timedelta(seconds=timeout_s or trainer.batch_wait_timeout_s + 600.0)
-        if "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, timeout=timeout)
-        elif trainer.dp_size == 1:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-            dist.init_process_group(backend, init_method=address, rank=0, world_size=1, timeout=timeout)
-        else:
-            raise ValueError(
-                f"trainer.dp_size={trainer.dp_size} processes: start them with torchrun, srun or "
-                "launch.local so that RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set"
-            )
-    if dist.get_world_size() != trainer.dp_size:
-        raise ValueError(
-            f"{dist.get_world_size()} trainer processes but trainer.dp_size={trainer.dp_size}: "
-            "set trainer.dp_size to the number of trainer ranks"
-        )
+    join_default_group(
+        "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
+        timeout_s or trainer.batch_wait_timeout_s + 600.0,
+        trainer.dp_size,
+        f"trainer.dp_size={trainer.dp_size}",
+    )
 
 
 def shutdown_distributed() -> None:

@@ -4,14 +4,13 @@ Megatron's model-parallel state, set up once per trainer rank and torn down at t
 from __future__ import annotations
 
 import os
-import socket
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
 from areal_jobs.config import TrainerConfig
+from areal_jobs.trainer.process_group import join_default_group
 
 
 def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) -> None:
@@ -33,26 +32,12 @@ def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) 
 
         megatron_cpu_compat.enable()
         torch.set_num_threads(trainer.threads)
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        timeout = timedelta(seconds=timeout_s or trainer.batch_wait_timeout_s + 600.0)
-        if "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, timeout=timeout)
-        elif expected == 1:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-            dist.init_process_group(backend, init_method=address, rank=0, world_size=1, timeout=timeout)
-        else:
-            raise ValueError(
-                f"trainer.tp_size * pp_size * dp_size = {expected} processes: start them with torchrun "
-                "or srun so that RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set"
-            )
-    if dist.get_world_size() != expected:
-        raise ValueError(
-            f"{dist.get_world_size()} trainer processes but trainer.tp_size * trainer.pp_size * "
-            f"trainer.dp_size = {expected}: change trainer.dp_size"
-        )
+    join_default_group(
+        "nccl" if torch.cuda.is_available() else "gloo",
+        timeout_s or trainer.batch_wait_timeout_s + 600.0,
+        expected,
+        f"trainer.tp_size * pp_size * dp_size = {trainer.tp_size} * {trainer.pp_size} * {trainer.dp_size}",
+    )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=trainer.tp_size, pipeline_model_parallel_size=trainer.pp_size
