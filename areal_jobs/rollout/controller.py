@@ -62,7 +62,6 @@ class RolloutController:
         self.scorer = scorer
         self.stream = stream
         self.decode = decode  # token ids -> text, for the reward functions
-        self.stop_token_ids = stop_token_ids  # the model's end-of-sequence / end-of-turn ids
         self.push = push  # async: TrajectoryGroup -> None
         self.staleness = StalenessManager(
             algo.batch_size, algo.max_staleness, max(1, rollout.max_concurrent // algo.group_size)

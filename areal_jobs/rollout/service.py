@@ -10,6 +10,7 @@ weight-update handshake before the next message is read, so updates never overla
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.evaluation import EvalSummary, evaluate
-from areal_jobs.rollout.generation import GenerationPath, Sampling
+from areal_jobs.rollout.generation import GenerationPath
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, save_snapshot
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator, run_stage
@@ -228,22 +229,20 @@ class ControllerService:
     async def _eval(self, kind: str) -> None:
         """n sampled answers per prompt (pass@1, pass@k), then one greedy answer per prompt."""
         version = self.ctl.version
-        rollout = self.ctl.rollout
-        stops = dict(stop_token_ids=self.ctl.stop_token_ids, stop=tuple(rollout.stop))
         common = dict(
             tag=f"{kind}-v{version}", concurrency=self.eval_concurrency,
             dump=self.dump_samples, decode_raw=self.decode_raw,
         )  # fmt: skip
         sampled = await evaluate(
             self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
-            sampling=Sampling(rollout.max_new_tokens, rollout.temperature, rollout.top_p, **stops),
+            sampling=self.ctl.sampling,  # the training samples' settings and stop conditions
             samples_per_problem=self.eval_samples, ks=(self.eval_k,), **common,
         )  # fmt: skip
         await self._send(eval_result(version, kind, sampled, self.eval_k))
         common["tag"] = f"{kind}-greedy-v{version}"
         greedy = await evaluate(
             self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
-            sampling=Sampling(rollout.max_new_tokens, temperature=0.0, **stops), **common,
+            sampling=dataclasses.replace(self.ctl.sampling, temperature=0.0, top_p=1.0), **common,
         )  # fmt: skip
         await self._send(eval_result(version, f"{kind}_greedy", greedy, 1))
 
