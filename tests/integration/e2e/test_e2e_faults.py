@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -18,6 +19,7 @@ from .test_e2e_local import ledger, start_local, wait_for_steps
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 ETA, B, G = 2, 2, 2
+UPDATE_DONE = re.compile(r"version \d+ on the servers")
 LONG_RUN = 500  # the first attempt is cut short by the faults; the resumed one extends to ckpt + 3
 
 
@@ -27,6 +29,34 @@ def alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def updates_done(run_dir) -> int:
+    """Weight updates the controller finished (it logs each one after the servers hold it)."""
+    log = (run_dir / "logs" / "controller.log").read_bytes().decode(errors="replace")
+    return len(UPDATE_DONE.findall(log))
+
+
+def hold_trainer_between_updates(run_dir, trainer_pid: int, proc, attempts: int = 20) -> None:
+    """SIGSTOP the trainer right after an update finished; return once no update is in flight.
+
+    The trainer only asks for an update after a whole train step, so a stop within milliseconds
+    of the "version N on the servers" line lands between two updates. Checked: if another update
+    finishes while the trainer is held, one was in flight; resume it and try the next gap."""
+    for _ in range(attempts):
+        before = updates_done(run_dir)
+        deadline = time.monotonic() + 300
+        while updates_done(run_dir) == before:
+            assert time.monotonic() < deadline, "no weight update finished in 300 s"
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.005)
+        os.kill(trainer_pid, signal.SIGSTOP)
+        held = updates_done(run_dir)
+        time.sleep(1.0)
+        if updates_done(run_dir) == held:
+            return
+        os.kill(trainer_pid, signal.SIGCONT)
+    raise AssertionError(f"no gap between weight updates found in {attempts} tries")
 
 
 def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, record_property):
@@ -40,10 +70,18 @@ def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, re
     proc = start_local(tmp_path, tiny_model_dir, "chaos", *args, f"trainer.total_steps={LONG_RUN}")
     wait_for_steps(run_dir, 2, proc)
 
-    # fault 1: kill -9 a whole SGLang server (its process group) in the middle of the run
+    # fault 1: kill -9 a whole SGLang server (its process group) in the middle of the run, while
+    # it generates. A server that dies inside a weight broadcast ends the run instead (documented in
+    # docs/faults.md; fault 2 covers that restart): CI once killed it in that window and the run
+    # rightly exited 1. The trainer is held between two updates for the kill, so the case is fixed.
     victim = json.loads((run_dir / "servers" / "0.json").read_text())
+    trainer_pid = json.loads((run_dir / "pids.json").read_text())["trainer"]
+    hold_trainer_between_updates(run_dir, trainer_pid, proc)
     t_kill = time.monotonic()
-    os.killpg(victim["pid"], signal.SIGKILL)
+    try:
+        os.killpg(victim["pid"], signal.SIGKILL)
+    finally:
+        os.kill(trainer_pid, signal.SIGCONT)
     deadline = time.monotonic() + 600
     while "servers [0] rejoin" not in (run_dir / "logs" / "controller.log").read_text():
         assert time.monotonic() < deadline, "the restarted server never rejoined"

@@ -182,16 +182,25 @@ class _ZeroScorer:
         return {}
 
 
+MAX_GROUPS = 6  # groups tried before giving up on catching one mid-answer
+
+
 def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_property):
-    """One group of 2 greedy samples on a long-answer prompt while the trainer side publishes the
-    same weights again and again (version, version + 1, ...) under `mode` until the group is done:
-    vLLM decodes the tiny model at hundreds of tokens/s, so instead of aiming one update at the
-    middle of an answer, updates keep landing until it is finished. Returns (the group, the
-    uninterrupted answer, requests held by the server at each pause, the first version)."""
+    """Groups of 2 greedy samples on a long-answer prompt while the trainer side publishes the same
+    weights again and again (version, version + 1, ...) under `mode`, from before the first group
+    is admitted. vLLM decodes the tiny model at hundreds of tokens/s and CI once saw a whole group
+    finish before a single update landed, so groups are generated back to back until one was
+    caught by an update mid-answer (aborted in it, or held on the server while the weights changed).
+    Returns (that group, the uninterrupted answer, requests held by the server at each pause)."""
     backend = trainer(model_dir)
     tok = load_tokenizer(model_dir)
     weights = dict(backend.iter_weights())
     max_new = 400
+
+    def caught(group, held_groups) -> bool:
+        if mode is PauseMode.abort:
+            return any(s.num_interruptions >= 1 for s in group.samples)
+        return group.group_id in held_groups
 
     async def go():
         caster = Broadcaster(server, pause_mode=mode)
@@ -205,45 +214,56 @@ def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_pro
         assert len(plain[index].output_ids) >= 150, "no long greedy answer to interrupt"
         stream = PromptStream(data, tok.encode)
         stream.at = lambda i: dataclasses.replace(candidates[index], data_index=i)  # always that prompt
-        pushed, held, update_s = [], [], []
+        pushed, held, held_groups, update_s = [], [], set(), []
+        done = asyncio.Event()
 
         async def push(group):
             pushed.append(group)
+            if caught(group, held_groups) or len(pushed) >= MAX_GROUPS:
+                done.set()
 
         async def on_paused():
             held.append(ctl.segments_in_flight)
+            if ctl.segments_in_flight == 2:  # both requests of the group in progress stay on the server
+                held_groups.update(ctl.in_progress)
+
+        async def keep_updating():
+            current = version
+            while not done.is_set():
+                ctl.running.clear()
+                current += 1
+                t0 = asyncio.get_running_loop().time()
+                await caster.publish(weights, version=current, on_paused=on_paused)
+                update_s.append(asyncio.get_running_loop().time() - t0)
+                ctl.on_version(current)
+                ctl.running.set()
+                await asyncio.sleep(0.05)
 
         # one group at a time (max_concurrent = group size); no staleness limit on admission
         rollout = RolloutConfig(max_new_tokens=max_new, temperature=1e-5, pause_mode=mode, max_concurrent=2)
         algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=10_000)
         ctl = RolloutController(rollout, algo, caster.pool, _ZeroScorer(), stream, tok.decode, push)
         ctl.version = version
+        updater = asyncio.create_task(keep_updating())
         admission = asyncio.create_task(ctl.admission_loop())
-        for _ in range(3000):
-            if ctl.segments_in_flight == 2:
-                break
-            await asyncio.sleep(0.005)
-        current = version
-        while not any(g.data_index == 0 for g in pushed) and current < version + 100:
-            ctl.running.clear()
-            current += 1
-            t0 = asyncio.get_running_loop().time()
-            await caster.publish(weights, version=current, on_paused=on_paused)
-            update_s.append(asyncio.get_running_loop().time() - t0)
-            ctl.on_version(current)
-            ctl.running.set()
-            await asyncio.sleep(0.05)
-        await ctl.stop()
-        admission.cancel()
-        await caster.close()
-        first = next(g for g in pushed if g.data_index == 0)
-        return first, plain[index], held, update_s
+        try:
+            await asyncio.wait_for(done.wait(), timeout=600)
+        finally:
+            done.set()
+            await updater
+            await ctl.stop()
+            admission.cancel()
+            await caster.close()
+        first = next((g for g in pushed if caught(g, held_groups)), None)
+        assert first is not None, f"no group of {len(pushed)} was caught by one of {len(update_s)} updates"
+        return first, plain[index], held, update_s, len(pushed)
 
-    group, uninterrupted, held, update_s = asyncio.run(go())
+    group, uninterrupted, held, update_s, tried = asyncio.run(go())
     median = sorted(update_s)[len(update_s) // 2]
     record_property(f"update_s_{mode.value}", round(median, 3))
     print(
-        f"\nvLLM pause_mode={mode.value}: {len(update_s)} updates while generating, median {median:.3f}s, held {held}"
+        f"\nvLLM pause_mode={mode.value}: {len(update_s)} updates over {tried} group(s), "
+        f"median {median:.3f}s, held {held}"
     )
     return group, uninterrupted, held
 
@@ -259,7 +279,7 @@ def test_aborted_request_continues_under_new_version(vllm_server, tiny_model_dir
     assert any(len(set(s.versions.tolist())) >= 2 for s in group.samples), "no answer spans two versions"
     # Under load the suite saw one of the two samples finish between updates without being
     # aborted (4 updates instead of ~18): the claims below hold for every sample, interrupted or
-    # not; at least one must have been interrupted for the test to mean anything.
+    # not; at least one was interrupted (that is how the group was chosen).
     assert any(sample.num_interruptions >= 1 for sample in group.samples)
     for sample in group.samples:
         versions = sample.versions.tolist()
@@ -277,7 +297,8 @@ def test_kept_request_continues_with_its_cache(vllm_server, tiny_model_dir, reco
     assert 2 in held  # both requests stayed on the server, frozen, while the weights changed
     for sample in group.samples:
         assert sample.num_interruptions == 0
-        assert set(sample.versions.tolist()) == {200}
+        versions = set(sample.versions.tolist())
+        assert len(versions) == 1 and min(versions) >= 200  # the version it was sent under
         assert sample.output_ids.tolist() == uninterrupted.output_ids
 
 
