@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="trainer.total_steps of every run")
     p.add_argument("--out", type=Path, default=REPO / "bench", help="where ablation.{json,md,png} go")
     p.add_argument("--run-root", type=Path, default=REPO / "runs" / "ablate", help="run directories")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take runs that already finished in --run-root (summary.json, same steps) instead of rerunning them",
+    )
     p.add_argument("overrides", nargs="*", help="launch.local overrides shared by every run (key=value)")
     args = p.parse_args(argv)
     args.objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
@@ -83,15 +88,20 @@ def run_one(args: argparse.Namespace, eta: int, objective: str, seed: int) -> di
         f"algo.max_staleness={eta}", f"algo.decoupled={str(objective == 'decoupled').lower()}",
         f"trainer.seed={seed}", f"trainer.total_steps={args.steps}", *args.overrides,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    t0 = time.monotonic()
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
-    record["wall_s"] = round(time.monotonic() - t0, 1)
     run_dir = args.run_root / name
     summary_path = run_dir / "summary.json"
-    if result.returncode != 0 or not summary_path.exists():
-        record["error"] = f"launch.local exit {result.returncode}: {result.stderr[-1500:]}"
-        return record
+    finished = summary_path.exists() and json.loads(summary_path.read_text()).get("steps") == args.steps
+    if args.reuse and finished:
+        record["wall_s"] = json.loads(summary_path.read_text()).get("wall_s")
+        record["reused"] = True
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        t0 = time.monotonic()
+        result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+        record["wall_s"] = round(time.monotonic() - t0, 1)
+        if result.returncode != 0 or not summary_path.exists():
+            record["error"] = f"launch.local exit {result.returncode}: {result.stderr[-1500:]}"
+            return record
     summary = json.loads(summary_path.read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     record.update(
@@ -157,7 +167,8 @@ def write(args: argparse.Namespace, runs: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    plan = [(e, o, s) for e in args.etas for o in args.objectives for s in args.seeds]
+    # seed-major: an ablation cut short still has a whole table for its first seeds
+    plan = [(e, o, s) for s in args.seeds for e in args.etas for o in args.objectives]
     runs: list[dict] = []
     t_start = time.monotonic()
     for i, (eta, objective, seed) in enumerate(plan, 1):

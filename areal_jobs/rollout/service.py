@@ -28,6 +28,8 @@ from areal_jobs.transport.discovery import ServerRecord
 
 logger = logging.getLogger(__name__)
 
+MAX_UPDATE_RETRIES = 3  # per version: servers dying inside one update, again and again, end the run
+
 
 class ControllerService:
     def __init__(
@@ -69,6 +71,10 @@ class ControllerService:
         self._background: set[asyncio.Task] = set()
         self._known: dict[int, ServerRecord] = {}
         self.dump_samples = None  # list[SampleRecord] -> None: each evaluation's samples (main sets it)
+        # a server died inside an update: the others stay paused until the trainer's retry is in
+        self._paused_for_retry = False
+        self._update_retries = 0  # of the current version
+        self._updating = False  # a weight update is under way (servers paused)
         self.decode_raw = None
 
     async def run(self, restored: ControllerSnapshot | None = None) -> int:
@@ -124,18 +130,28 @@ class ControllerService:
                 logger.warning("ignoring unexpected %s from the trainer", type(msg).__name__)
 
     async def _update_weights(self, req: m.PauseRequest) -> None:
+        self._updating = True
+        try:
+            await self._update_weights_paused(req)
+        finally:
+            self._updating = False
+
+    async def _update_weights_paused(self, req: m.PauseRequest) -> None:
         t0 = time.monotonic()
         ctl, pool = self.ctl, self.pool
         ctl.on_trained(req.trained_group_ids)
         ctl.stop_sending()
         marks = [("start", t0)]  # stage timings, logged: where an update spends its time
+        members: list[int] = []  # the servers this update is for
         try:
-            await self.orch.pause(lambda: pool.total_in_flight)  # evaluation requests too
+            if not self._paused_for_retry:  # a retry finds the servers still paused
+                await self.orch.pause(lambda: pool.total_in_flight)  # evaluation requests too
             marks.append(("pause", time.monotonic()))
             joined = pool.promote_joining()  # paused: safe to include them from here on
             if joined:
                 logger.info("servers %s rejoin at version %d", joined, req.version)
                 self.orch.forget_groups()
+            members = [s.index for s in pool.up_slots]
             init = bool(pool.up_slots) and not req.disk_path and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
             world = pool.group_world_size()
@@ -158,9 +174,13 @@ class ControllerService:
             await self.orch.resume()
             marks.append(("resume", time.monotonic()))
         except StageError as exc:
+            if await self._retry_without_lost(req.version, exc, members):
+                return
             logger.error("weight update to version %d failed at %s", req.version, exc)
             await self._send(m.UpdateFailed(version=req.version, stage=exc.stage, error=exc.detail))
             raise
+        self._paused_for_retry = False
+        self._update_retries = 0
         ctl.resume_sending()
         await self._send(m.VersionPublished(version=req.version, update_s=time.monotonic() - t0))
         logger.info(
@@ -176,6 +196,26 @@ class ControllerService:
             and req.trained_group_ids
         ):
             self._spawn(self._eval("periodic"), f"eval-v{req.version}")
+
+    async def _retry_without_lost(self, version: int, exc: StageError, members: list[int]) -> bool:
+        """A server (of the update's `members`) that died inside the update leaves the pool, and
+        the trainer is asked to send the version again to the others (bounded). False: nobody
+        died, the failure is the update's own and fatal."""
+        lost = await self.orch.find_lost(members)
+        if not lost or self._update_retries >= MAX_UPDATE_RETRIES:
+            return False
+        self._update_retries += 1
+        for index in lost:
+            self.pool.mark_down(index, f"died during the update to version {version}: {exc}")
+        self.orch.forget_groups()
+        self._paused_for_retry = True  # the survivors keep their paused requests: no mixed weights
+        logger.warning(
+            "servers %s died during the update to version %d (%s); %d servers stay: sending it again "
+            "(retry %d/%d)", lost, version, exc.stage, len(self.pool.up_slots),
+            self._update_retries, MAX_UPDATE_RETRIES,
+        )  # fmt: skip
+        await self._send(m.UpdateRetry(version, tuple(lost), exc.stage, exc.detail))
+        return True
 
     async def _checkpoint(self, req: m.CheckpointRequest) -> None:
         """Snapshot now (no await: consistent), write it off the event loop: generation goes on."""
@@ -207,10 +247,13 @@ class ControllerService:
         """Mark servers that stop answering down; let restarted ones rejoin (and ask for weights)."""
         while True:
             await asyncio.sleep(self.health_interval_s)
+            # not while an update holds the servers paused: SGLang's /health generates a token and
+            # so waits for the resume; the update itself finds servers that die in it (find_lost)
             for slot in self.pool.up_slots:
-                if not await slot.client.healthy():
-                    self.pool.mark_down(slot.index, "health check failed")
-                    self.orch.forget_groups()
+                if self._holding_servers() or await slot.client.healthy() or self._holding_servers():
+                    continue
+                self.pool.mark_down(slot.index, "health check failed")
+                self.orch.forget_groups()
             if self.discover is None or self.make_client is None:
                 continue
             for rec in self.discover():
@@ -225,6 +268,9 @@ class ControllerService:
                         rec.url,
                     )
                     await self._send(m.WeightsNeeded(reason=f"server {rec.index} rejoined"))
+
+    def _holding_servers(self) -> bool:
+        return self._updating or self._paused_for_retry
 
     async def _eval(self, kind: str) -> None:
         """n sampled answers per prompt (pass@1, pass@k), then one greedy answer per prompt."""

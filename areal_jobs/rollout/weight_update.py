@@ -4,10 +4,12 @@
                                                               ▲ trainer broadcasts the same buckets
 
 Each stage runs under `step_timeout_s`; when one fails or times out, `StageError` names it
-("weight broadcast bucket 3/7 of sender s0 to server 2"), the controller reports UpdateFailed
-to the trainer and exits non-zero so the scheduler can restart the job. Never a silent hang.
-A server that fails while pausing or resuming (before or after the broadcast group is formed)
-is only marked down: the update goes on with the others, and the server rejoins later.
+("weight broadcast bucket 3/7 of sender s0 to server 2"). A server that fails while pausing or
+resuming (before or after the broadcast group is formed) is only marked down: the update goes on
+with the others, and the server rejoins later. A server that dies while the groups form or the
+buckets travel leaves the pool too, and the update is sent again to the others (`find_lost`;
+service.py sends UpdateRetry). Any other failure: the controller reports UpdateFailed to the
+trainer and exits non-zero so the scheduler can restart the job. Never a silent hang.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ _ABORT_BUDGET_S = 5.0  # abort-mode pause: how long we abort and wait before SGL
 _ABORT_RECHECK_S = 0.25  # ... and how long before aborting again (a request that arrived late)
 _FLUSH_ATTEMPTS = 40  # flush_cache refused while the scheduler still holds its last batch: retry
 _FLUSH_RETRY_S = 0.05
+_HEALTH_PROBE_S = 10.0  # after a failed stage: a server that cannot answer /health in this is lost
 
 
 class StageError(RuntimeError):
@@ -118,6 +121,25 @@ class WeightUpdateOrchestrator:
 
     async def receive(self, version: int, senders: tuple[WeightSender, ...]) -> None:
         """Every server receives every bucket, in the same global order (no cross-sender deadlock)."""
+        try:
+            await self._receive_buckets(version, senders)
+        except StageError:
+            # close the sessions the live servers opened: SGLang refuses a second begin while one
+            # is open, and a retry sends every bucket again (best effort: the dead cannot answer)
+            await asyncio.gather(
+                *(asyncio.wait_for(s.client.end_weight_update(), self.step_timeout_s) for s in self.pool.up_slots),
+                return_exceptions=True,
+            )
+            raise
+        # every bucket has arrived: a server that dies from here on (seen: kill -9 during vLLM's
+        # end-of-update RPC) only leaves the pool, to be restarted and rejoin with current weights
+        await self._each_server("end weight update", lambda s: s.client.end_weight_update(), tolerate=True)
+        if self.pause_mode is not PauseMode.in_place:
+            # in_place keeps the paused requests' KV cache by design, and SGLang refuses to flush
+            # while they are held (HTTP 400): cached prefixes from the old weights stay usable
+            await self._each_server("flush cache", _flush_when_idle, tolerate=True)
+
+    async def _receive_buckets(self, version: int, senders: tuple[WeightSender, ...]) -> None:
         await self._each_server("begin weight update", lambda s: s.client.begin_weight_update())
 
         async def pipeline(slot: ServerSlot) -> None:
@@ -133,14 +155,35 @@ class WeightUpdateOrchestrator:
                         self.step_timeout_s,
                     )
 
-        await asyncio.gather(*(pipeline(s) for s in self.pool.up_slots))
-        # every bucket has arrived: a server that dies from here on (seen: kill -9 during vLLM's
-        # end-of-update RPC) only leaves the pool, to be restarted and rejoin with current weights
-        await self._each_server("end weight update", lambda s: s.client.end_weight_update(), tolerate=True)
-        if self.pause_mode is not PauseMode.in_place:
-            # in_place keeps the paused requests' KV cache by design, and SGLang refuses to flush
-            # while they are held (HTTP 400): cached prefixes from the old weights stay usable
-            await self._each_server("flush cache", _flush_when_idle, tolerate=True)
+        # every pipeline ends before a failure is raised: when a server dies mid-broadcast, the
+        # others' calls return (with an error) once the trainer drops the group, and only then is
+        # it safe to re-form the groups without the dead one (service.py retries the update)
+        results = await asyncio.gather(*(pipeline(s) for s in self.pool.up_slots), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
+    async def find_lost(self, members: list[int], timeout_s: float = _HEALTH_PROBE_S) -> list[int]:
+        """Which of the update's `members` left the pool (the health loop may have marked one down
+        meanwhile) or no longer answer: the dead, after a failed stage. A live server whose stage
+        failed is not lost (the failure is then the update's own).
+
+        Alive means its HTTP front answers a metadata call (its weight version). Not /health: on
+        SGLang that generates a token, which waits while the server is paused (measured: a live,
+        paused survivor timed out and was dropped with the dead one)."""
+
+        async def probe(index: int) -> bool:
+            slot = self.pool.slots.get(index)
+            if slot is None or not slot.up:
+                return False
+            try:
+                await asyncio.wait_for(slot.client.weight_version(), timeout_s)
+                return True
+            except Exception:  # noqa: BLE001 - any failure to answer counts as lost
+                return False
+
+        alive = await asyncio.gather(*(probe(i) for i in members))
+        return [i for i, ok in zip(members, alive) if not ok]
 
     async def load_from_disk(self, version: int, path: str) -> None:
         """Fallback: every server loads the trainer's safetensors checkpoint."""

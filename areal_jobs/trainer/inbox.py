@@ -78,7 +78,8 @@ class Inbox:
             self._control.append(msg)
         return True
 
-    def wait_for(self, kind: type[T], timeout_s: float, waiting_for: str) -> T:
+    def wait_for(self, kind: type[T] | tuple[type, ...], timeout_s: float, waiting_for: str) -> T:
+        """The first control message of `kind` (a type, or a tuple of types: whichever comes)."""
         deadline = time.monotonic() + timeout_s
         while True:
             for i, msg in enumerate(self._control):
@@ -86,8 +87,9 @@ class Inbox:
                     return self._control.pop(i)  # type: ignore[return-value]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
                 raise TimeoutError(
-                    f"no {kind.__name__} from the controller within {timeout_s:.0f}s while {waiting_for}"
+                    f"no {names} from the controller within {timeout_s:.0f}s while {waiting_for}"
                 )
             self.pump(min(remaining, 1.0))
 

@@ -2,7 +2,7 @@
 
     rank 0:        PauseRequest(v, senders) ─▶ wait Paused ─▶ announce Publish(paused) ─┐
     every rank:    sender: [form its group] ─▶ broadcast its buckets; others: join the export ◀┘
-    rank 0:        wait VersionPublished
+    rank 0:        wait VersionPublished  (or UpdateRetry: a server died mid-update; ask again)
 
 Each rank's part in the broadcast is its `StageSender` (weights/sender.py: one sender per pipeline
 stage). `gather_senders` collects every sender's address and bucket plan on start-up, so rank 0's PauseRequest names them all. Fallback (weight_sync.method=disk): write
@@ -22,11 +22,15 @@ from areal_jobs.config import WeightSync, WeightSyncConfig
 from areal_jobs.trainer.inbox import Inbox
 from areal_jobs.trainer.ranks import Publish, RankChannel
 from areal_jobs.transport import messages as m
-from areal_jobs.weights.broadcast import resolve_backend
+from areal_jobs.weights.broadcast import BroadcastTimeout, resolve_backend
 from areal_jobs.weights.buckets import bucket_bytes
 from areal_jobs.weights.sender import StageSender
 
 logger = logging.getLogger(__name__)
+
+# The controller asks for at most 3 retries of one version (rollout/service.py MAX_UPDATE_RETRIES);
+# more would be a protocol error, not a fault to ride out.
+MAX_UPDATE_RETRIES = 3
 
 
 def gather_senders(channel: RankChannel, local: StageSender) -> tuple[WeightSender, ...]:
@@ -65,22 +69,39 @@ class WeightPublisher:
         if self.cfg.method is WeightSync.disk:
             disk_path = str(self.disk_dir / f"v{version}")
             backend.save_hf(disk_path)
-        self.inbox.send(
-            m.PauseRequest(version, self.senders, self.backend_name, trained, disk_path=disk_path)
-        )
-        paused = self.inbox.wait_for(
-            m.Paused, self.cfg.step_timeout_s, f"pausing generation for version {version}"
-        )
-        t_paused = time.monotonic()
-        sent_bytes = 0.0
-        if not disk_path and paused.world_size > 1:  # world 1: no server is up to receive anything
-            self.channel.send(Publish(paused))
-            self.local.send(paused)
-            sent_bytes = float(sum(bucket_bytes(b) for s in self.senders for b in s.buckets))
-        t_sent = time.monotonic()
-        published = self.inbox.wait_for(
-            m.VersionPublished, self.cfg.step_timeout_s, f"servers loading version {version}"
-        )
+        retries = 0
+        while True:
+            self.inbox.send(
+                m.PauseRequest(version, self.senders, self.backend_name, trained, disk_path=disk_path)
+            )
+            paused = self.inbox.wait_for(
+                m.Paused, self.cfg.step_timeout_s, f"pausing generation for version {version}"
+            )
+            t_paused = time.monotonic()
+            sent_bytes = 0.0
+            if not disk_path and paused.world_size > 1:  # world 1: no server is up to receive anything
+                self.channel.send(Publish(paused))
+                try:
+                    self.local.send(paused)
+                    sent_bytes = float(sum(bucket_bytes(b) for s in self.senders for b in s.buckets))
+                except BroadcastTimeout as exc:
+                    # a server died (or hangs) mid-broadcast; the group is dropped, which releases
+                    # the other servers. The controller decides: UpdateRetry, or UpdateFailed (raised)
+                    logger.warning("broadcast of version %d broke off: %s", version, exc)
+            t_sent = time.monotonic()
+            reply = self.inbox.wait_for(
+                (m.VersionPublished, m.UpdateRetry), self.cfg.step_timeout_s, f"servers loading version {version}"
+            )
+            if isinstance(reply, m.VersionPublished):
+                published = reply
+                break
+            retries += 1
+            if retries > MAX_UPDATE_RETRIES:
+                raise RuntimeError(f"the update to version {version} was retried {retries - 1} times; giving up")
+            logger.warning(
+                "servers %s died during the update to version %d (%s): sending it again to the others",
+                list(reply.lost_servers), version, reply.stage,
+            )  # fmt: skip
         if disk_path:
             self._prune_disk(keep=version)
         t_end = time.monotonic()
@@ -92,6 +113,7 @@ class WeightPublisher:
             "weight_sync/bytes": sent_bytes,
             "weight_sync/num_buckets": float(sum(len(s.buckets) for s in self.senders)),
             "weight_sync/num_senders": float(len(self.senders)),
+            "weight_sync/retries": float(retries),  # servers lost inside this update
         }
 
     def _prune_disk(self, keep: int) -> None:

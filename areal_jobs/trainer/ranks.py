@@ -30,6 +30,7 @@ import torch.distributed as dist
 from areal_jobs.api import TensorSpec, TrainBackend
 from areal_jobs.config import JobConfig
 from areal_jobs.transport import messages as m
+from areal_jobs.weights.broadcast import BroadcastTimeout
 
 if TYPE_CHECKING:
     from areal_jobs.trainer.batch import TrainBatch
@@ -263,7 +264,10 @@ def follow(
             case Train():
                 backend.train_step(None)
             case Publish(paused):
-                stage.send(paused)
+                try:
+                    stage.send(paused)
+                except BroadcastTimeout as exc:  # rank 0 hears from the controller: retry or fail
+                    logger.warning("rank %d: broadcast broke off: %s", channel.rank, exc)
             case SaveCheckpoint(path):
                 backend.save_checkpoint(path)
             case LoadCheckpoint(path):

@@ -129,6 +129,18 @@ class UpdateFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateRetry:
+    """Controller -> trainer: servers `lost` died during the update to `version`; they left the
+    pool and the others stay paused. Drop this broadcast and ask again (PauseRequest, same version):
+    the groups are re-formed without them, and the survivors receive every bucket again."""
+
+    version: int
+    lost_servers: tuple[int, ...]
+    stage: str  # the stage that failed, e.g. "weight broadcast bucket 2/5 of sender s0 to server 1"
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointRequest:
     """Trainer -> controller after step `step`: snapshot rollout state into `path` (keep generating)."""
 
@@ -202,6 +214,7 @@ CONTROL_MESSAGES = (
     Paused,
     VersionPublished,
     UpdateFailed,
+    UpdateRetry,
     RolloutStats,
     EvalResult,
     Stop,
@@ -218,6 +231,7 @@ ControlMessage = (
     | Paused
     | VersionPublished
     | UpdateFailed
+    | UpdateRetry
     | RolloutStats
     | EvalResult
     | Stop

@@ -108,13 +108,18 @@ class WeightBroadcastGroup:
             flat = flat.cuda()
         # group_src: the sender is rank 0 of this group whatever its rank in the trainer's own world
         work = dist.broadcast(flat, group=self._group, group_src=0, async_op=True)
+        failure = None
         try:
             if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
-                raise BroadcastTimeout(f"{stage}: not acknowledged within {self.timeout_s:.0f}s")
+                failure = f"{stage}: not acknowledged within {self.timeout_s:.0f}s"
         except (RuntimeError, dist.DistBackendError) as exc:
-            if isinstance(exc, BroadcastTimeout):
-                raise
-            raise BroadcastTimeout(f"{stage} failed: {exc}") from exc
+            failure = f"{stage} failed: {exc}"
+        if failure is not None:
+            # no reference to the failed work may outlive this frame (the exception's traceback
+            # would keep it): while one does, destroy() leaves the group's connections open and
+            # the other receivers wait in the broadcast until their own timeout (measured: gloo)
+            del work
+            raise BroadcastTimeout(failure)
         return float(flat.numel())
 
     def destroy(self) -> None:

@@ -14,7 +14,7 @@ from areal_jobs.api import TrainBackend, WeightSender
 from areal_jobs.config import WeightSyncConfig
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.discovery import free_port
-from areal_jobs.weights.broadcast import WeightBroadcastGroup
+from areal_jobs.weights.broadcast import BroadcastTimeout, WeightBroadcastGroup
 from areal_jobs.weights.buckets import plan_buckets
 
 
@@ -56,12 +56,18 @@ class StageSender:
         weights = dict(self.backend.iter_weights())
         sent = 0.0
         buckets = self.sender.buckets
-        for bucket in buckets:
-            stage = (
-                f"weight broadcast bucket {bucket.index + 1}/{len(buckets)} of {self.sender.group_name} "
-                f"(version {paused.version})"
-            )
-            sent += self.group.send_bucket(bucket, [weights[t.name] for t in bucket.tensors], stage)
+        try:
+            for bucket in buckets:
+                stage = (
+                    f"weight broadcast bucket {bucket.index + 1}/{len(buckets)} of {self.sender.group_name} "
+                    f"(version {paused.version})"
+                )
+                sent += self.group.send_bucket(bucket, [weights[t.name] for t in bucket.tensors], stage)
+        except BroadcastTimeout:
+            # a receiver died or hangs: dropping the group closes its connections, so the servers
+            # still waiting in this broadcast fail at once instead of at their timeout
+            self.group.destroy()
+            raise
         return sent
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
-"""Chaos on the built-in task: kill -9 one rollout server mid-run, later kill -9 the trainer,
-restart, resume and finish. The ledger proves exactly the expected samples were trained (none
+"""Chaos on the built-in task: kill -9 one rollout server mid-run, then the other inside a weight
+broadcast, later kill -9 the trainer, restart, resume and finish. The ledger proves exactly the expected samples were trained (none
 lost, none twice) and no trained token exceeded the staleness bound, before or after the restart.
 Recovery times are printed (and recorded as test properties) for the closing note.
 """
@@ -11,15 +11,17 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from .test_e2e_local import ledger, start_local, wait_for_steps
+from .test_e2e_local import REPO, ledger, start_local, wait_for_steps
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 ETA, B, G = 2, 2, 2
 UPDATE_DONE = re.compile(r"version \d+ on the servers")
+INJECT = Path(__file__).resolve().parent / "inject"  # kills a server inside an update, once armed
 LONG_RUN = 500  # the first attempt is cut short by the faults; the resumed one extends to ckpt + 3
 
 
@@ -66,8 +68,12 @@ def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, re
         "checkpoint.every_steps=2",
         "rollout.num_servers=2",
         "rollout.health_interval_s=1",
+        "weight_sync.bucket_bytes=1048576",  # the tiny model in 4 buckets: fault 1b dies at bucket 2
     )
-    proc = start_local(tmp_path, tiny_model_dir, "chaos", *args, f"trainer.total_steps={LONG_RUN}")
+    # fault 1b's injection (inject/sitecustomize.py), armed later by writing this file
+    arm = tmp_path / "kill-in-update.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(INJECT), str(REPO)]), "AREAL_TEST_KILL_IN_UPDATE": str(arm)}
+    proc = start_local(tmp_path, tiny_model_dir, "chaos", *args, f"trainer.total_steps={LONG_RUN}", env=env)
     wait_for_steps(run_dir, 2, proc)
 
     # fault 1: kill -9 a whole SGLang server (its process group) in the middle of the run, while
@@ -89,6 +95,23 @@ def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, re
         time.sleep(0.5)
     server_recovery_s = time.monotonic() - t_kill
     assert json.loads((run_dir / "servers" / "0.json").read_text())["pid"] != victim["pid"]
+
+    # fault 1b: kill -9 the other server inside a weight broadcast (bucket 2 of 4): it leaves the
+    # pool, the trainer sends that version again to the survivor, and the run goes on
+    victim = json.loads((run_dir / "servers" / "1.json").read_text())
+    arm.write_text(json.dumps({"server": 1, "pid": victim["pid"], "at_bucket": 2}))
+    t_kill = time.monotonic()
+    deadline = time.monotonic() + 600
+    while "servers [1] rejoin" not in (run_dir / "logs" / "controller.log").read_bytes().decode(errors="replace"):
+        assert time.monotonic() < deadline, "the server killed inside an update never rejoined"
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.5)
+    mid_update_recovery_s = time.monotonic() - t_kill
+    fired = json.loads(arm.with_name(arm.name + ".fired").read_text())
+    log = (run_dir / "logs" / "controller.log").read_bytes().decode(errors="replace")
+    assert f"servers [1] died during the update to version {fired['version']}" in log
+    trainer_log = (run_dir / "logs" / "trainer.log").read_text()
+    assert f"servers [1] died during the update to version {fired['version']}" in trainer_log
     steps_before = sum('"train/version"' in x for x in (run_dir / "metrics.jsonl").read_text().splitlines())
 
     # fault 2: kill -9 the trainer after a checkpoint exists; the launcher stops everything
@@ -135,6 +158,8 @@ def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, re
     assert summary["steps"] == STEPS and summary["resumed"] and summary["max_staleness_seen"] <= ETA
     record_property("server_recovery_s", round(server_recovery_s, 1))
     record_property("trainer_recovery_s", round(trainer_recovery_s, 1))
+    record_property("mid_update_recovery_s", round(mid_update_recovery_s, 1))
     print(f"\nserver kill -> rejoined with current weights: {server_recovery_s:.1f}s; "
+          f"server kill inside update {fired['version']} -> retried without it, rejoined: {mid_update_recovery_s:.1f}s; "
           f"trainer kill -> restarted run trained step {checkpoint_step + 1}: {trainer_recovery_s:.1f}s "
           f"(resumed from checkpoint step {checkpoint_step})")  # fmt: skip

@@ -35,9 +35,13 @@ def local_cmd(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> li
     ]  # fmt: skip
 
 
-def start_local(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> subprocess.Popen:
+def start_local(
+    tmp_path: Path, model_dir: Path, name: str, *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     cmd = local_cmd(tmp_path, model_dir, name, *overrides)
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
 
 
 def wait_for_steps(run_dir: Path, steps: int, proc: subprocess.Popen, timeout_s: float = 900) -> float:

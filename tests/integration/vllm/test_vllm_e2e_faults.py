@@ -18,6 +18,7 @@ import pytest
 
 from areal_jobs.metrics import read_jsonl
 from areal_jobs.rollout.vllm_server import VENV_PYTHON
+from tests.integration.e2e.test_e2e_faults import hold_trainer_between_updates
 from tests.integration.e2e.test_e2e_local import ledger, start_local, wait_for_steps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -42,8 +43,15 @@ def test_vllm_run_survives_a_killed_server_and_respects_eta(tmp_path, tiny_model
     try:
         wait_for_steps(run_dir, 2, proc)
         victim = json.loads((run_dir / "servers" / "0.json").read_text())
+        # killed while it generates, between two updates (the trainer is held meanwhile): a death
+        # inside a broadcast is a different fault, tested on SGLang in tests/integration/e2e
+        trainer_pid = json.loads((run_dir / "pids.json").read_text())["trainer"]
+        hold_trainer_between_updates(run_dir, trainer_pid, proc)
         t_kill = time.monotonic()
-        os.killpg(victim["pid"], signal.SIGKILL)
+        try:
+            os.killpg(victim["pid"], signal.SIGKILL)
+        finally:
+            os.kill(trainer_pid, signal.SIGCONT)
         deadline = time.monotonic() + 600
         while "servers [0] rejoin" not in (run_dir / "logs" / "controller.log").read_text():
             assert time.monotonic() < deadline, "the restarted vLLM server never rejoined"

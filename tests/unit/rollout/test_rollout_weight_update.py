@@ -229,3 +229,47 @@ def test_only_a_known_server_that_is_down_and_not_joining_can_rejoin():
     pool.rejoin(1, object())
     assert not pool.can_rejoin(1)  # joining until the next update promotes it
     assert pool.promote_joining() == [1] and not pool.can_rejoin(1)
+
+
+class DiesAtBucket(Recorder):
+    """kill -9 in the middle of the broadcast: its bucket call fails, its health check too."""
+
+    async def update_weights_from_distributed(self, tensors, name, version):
+        self.calls.append(("bucket", name, version, len(tensors)))
+        raise ConnectionError("connection reset by peer")
+
+    async def weight_version(self):
+        raise ConnectionError("connection refused")
+
+
+class Healthy(Recorder):
+    async def update_weights_from_distributed(self, tensors, name, version):
+        await asyncio.sleep(0.05)  # the survivor's calls return after the dead server's failed
+        await super().update_weights_from_distributed(tensors, name, version)
+
+    async def healthy(self):
+        return False  # paused: SGLang's /health waits for a generation that cannot run now
+
+    async def weight_version(self):
+        return 0
+
+
+def test_a_server_that_dies_mid_broadcast_fails_the_stage_once_the_others_returned():
+    """The failure is raised only after every other server's pipeline ended: the groups are then
+    safe to re-form without the dead server (nothing of the old broadcast is still running)."""
+    orch, pool = orchestrator([Healthy("a"), DiesAtBucket("b")])
+    with pytest.raises(StageError, match="weight broadcast bucket 1/2 of sender w to server 1"):
+        asyncio.run(orch.receive(4, (SENDER,)))
+    assert [c for c in pool.slots[0].client.calls if c[0] == "bucket"] == [
+        ("bucket", "w-0", 4, 1),
+        ("bucket", "w-0", 4, 1),
+    ]
+    # the survivor's update session is closed again: SGLang refuses a second begin while one is open
+    assert pool.slots[0].client.calls[-1] == ("end",)
+
+
+def test_find_lost_names_the_dead_and_those_already_marked_down():
+    orch, pool = orchestrator([Healthy("a"), DiesAtBucket("b"), Healthy("c")])
+    pool.mark_down(2, "health check failed")  # the health loop got there first
+    assert asyncio.run(orch.find_lost([0, 1, 2])) == [1, 2]
+    assert asyncio.run(orch.find_lost([0])) == []

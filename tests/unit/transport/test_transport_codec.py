@@ -75,6 +75,7 @@ def test_wire_format_is_json_header_plus_little_endian_arrays():
         m.WeightsNeeded(reason="server 1 rejoined"),
         m.VersionPublished(version=4, update_s=0.5),
         m.UpdateFailed(version=4, stage="weight broadcast bucket 1/2", error="boom"),
+        m.UpdateRetry(version=4, lost_servers=(1, 3), stage="weight broadcast bucket 1/2", error="reset"),
         m.RolloutStats(metrics={"rollout/x": 1.0}),
         m.EvalResult(version=2, accuracy=0.5, mean_reward=0.5, num_prompts=8, kind="final"),
         m.EvalResult(

@@ -1,0 +1,108 @@
+"""A server that dies inside a weight update leaves the pool and the version is sent again to the
+others; the run goes on. The controller's side of it (ControllerService._update_weights), with
+scripted servers; the real servers and trainer are in tests/integration/e2e/test_e2e_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from areal_jobs.config import PauseMode
+from areal_jobs.rollout import service as service_mod
+from areal_jobs.rollout.server_pool import ServerPool
+from areal_jobs.rollout.service import ControllerService
+from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator
+from areal_jobs.transport import messages as m
+
+from .test_rollout_weight_update import SENDER, DiesAtBucket, Healthy
+
+
+class Channel:
+    has_peer = True
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    async def send_control(self, msg) -> None:
+        self.sent.append(msg)
+
+
+class Controller:
+    """What the update touches of the rollout controller."""
+
+    def __init__(self) -> None:
+        self.running = asyncio.Event()
+        self.running.set()
+        self.version = 0
+
+    def on_trained(self, group_ids) -> None:
+        pass
+
+    def stop_sending(self) -> None:
+        self.running.clear()
+
+    def resume_sending(self) -> None:
+        self.running.set()
+
+    def on_version(self, version: int) -> None:
+        self.version = version
+
+
+def service(clients):
+    pool = ServerPool()
+    for i, c in enumerate(clients):
+        pool.add(i, c)
+    orch = WeightUpdateOrchestrator(pool, PauseMode.in_place, step_timeout_s=5.0)
+    ctl, channel = Controller(), Channel()
+    svc = ControllerService(ctl, pool, orch, channel, [], eval_every_steps=0, step_timeout_s=5.0)
+    return svc, pool, ctl, channel
+
+
+REQUEST = m.PauseRequest(version=5, senders=(SENDER,), backend="gloo", trained_group_ids=())
+
+
+def test_a_server_dying_mid_broadcast_is_dropped_and_the_version_sent_again():
+    survivor, victim = Healthy("a"), DiesAtBucket("b")
+    svc, pool, ctl, channel = service([survivor, victim])
+
+    asyncio.run(svc._update_weights(REQUEST))
+    paused, retry = channel.sent
+    assert paused == m.Paused(version=5, world_size=3, init_group=True, group_generation=1)
+    assert isinstance(retry, m.UpdateRetry) and retry.version == 5 and retry.lost_servers == (1,)
+    assert "server 1" in retry.stage
+    assert not pool.slots[1].up and pool.slots[0].up
+    # the survivor stays paused, holding its requests, and nothing new is sent: no mixed weights
+    assert ("resume",) not in survivor.calls and not ctl.running.is_set() and ctl.version == 0
+
+    survivor.calls.clear()
+    asyncio.run(svc._update_weights(REQUEST))  # the trainer asks again
+    paused, published = channel.sent[2:]
+    assert paused == m.Paused(version=5, world_size=2, init_group=True, group_generation=2)
+    assert isinstance(published, m.VersionPublished) and published.version == 5
+    assert not any(c[0] == "pause" for c in survivor.calls)  # still paused from the first attempt
+    assert [c[:3] for c in survivor.calls if c[0] == "bucket"] == [("bucket", "w-2", 5)] * 2
+    assert ("resume",) in survivor.calls and ctl.running.is_set() and ctl.version == 5
+
+
+def test_a_failure_with_every_server_alive_is_fatal():
+    class Refuses(Healthy):
+        async def begin_weight_update(self):
+            raise ValueError("HTTP 400: weights of the wrong shape")
+
+    svc, pool, _, channel = service([Healthy("a"), Refuses("b")])
+    with pytest.raises(StageError, match="begin weight update on server 1"):
+        asyncio.run(svc._update_weights(REQUEST))
+    assert isinstance(channel.sent[-1], m.UpdateFailed) and all(s.up for s in pool.slots.values())
+
+
+def test_retries_of_one_version_are_bounded(monkeypatch):
+    monkeypatch.setattr(service_mod, "MAX_UPDATE_RETRIES", 1)
+    svc, pool, _, channel = service([Healthy("a"), DiesAtBucket("b"), DiesAtBucket("c")])
+    pool.mark_down(2, "not yet")  # c joins the second attempt only ...
+    asyncio.run(svc._update_weights(REQUEST))
+    assert isinstance(channel.sent[-1], m.UpdateRetry)
+    pool.slots[2].up = True  # ... and dies in it too: a second loss in one version is fatal here
+    with pytest.raises(StageError):
+        asyncio.run(svc._update_weights(REQUEST))
+    assert isinstance(channel.sent[-1], m.UpdateFailed)

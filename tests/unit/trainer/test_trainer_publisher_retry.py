@@ -1,0 +1,95 @@
+"""Trainer rank 0's side of a server dying inside an update: its broadcast breaks off (the group is
+dropped), the controller answers UpdateRetry, and the same version is asked for and sent again.
+Scripted controller; the real one is in tests/integration/e2e/test_e2e_faults.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_jobs.api import BucketSpec, TensorSpec, WeightSender
+from areal_jobs.config import WeightSyncConfig
+from areal_jobs.trainer import publisher as publisher_mod
+from areal_jobs.trainer.inbox import ControllerFailed, Inbox
+from areal_jobs.trainer.publisher import WeightPublisher
+from areal_jobs.trainer.ranks import Publish
+from areal_jobs.transport import messages as m
+from areal_jobs.weights.broadcast import BroadcastTimeout
+
+SENDER = WeightSender("s0", "127.0.0.1", 1, (BucketSpec(0, (TensorSpec("w", "float32", (4,)),)),))
+
+
+class ScriptedController:
+    def __init__(self, *replies) -> None:
+        self.replies = list(replies)
+        self.sent: list = []
+
+    def poll(self, timeout_s: float):
+        return self.replies.pop(0) if self.replies else None
+
+    def send(self, msg) -> None:
+        self.sent.append(msg)
+
+
+class Ranks:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, cmd) -> None:
+        self.sent.append(cmd)
+
+
+class Stage:
+    """The local sender: its first broadcast breaks off (a receiver died), later ones succeed."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.sent: list[m.Paused] = []
+
+    def send(self, paused: m.Paused) -> float:
+        self.sent.append(paused)
+        if self.failures:
+            self.failures -= 1
+            raise BroadcastTimeout("weight broadcast bucket 1/1 of s0 (version 3) failed: Connection closed by peer")
+        return 16.0
+
+
+def publisher(controller, stage):
+    cfg = WeightSyncConfig(step_timeout_s=2.0)
+    return WeightPublisher(cfg, Inbox(controller), Ranks(), stage, (SENDER,), disk_dir=None)
+
+
+def test_a_broken_broadcast_is_sent_again_after_update_retry():
+    first = m.Paused(version=3, world_size=3, init_group=True, group_generation=1)
+    again = m.Paused(version=3, world_size=2, init_group=True, group_generation=2)
+    controller = ScriptedController(
+        first,
+        m.UpdateRetry(3, (1,), "weight broadcast bucket 1/1 of sender s0 to server 1", "reset"),
+        again,
+        m.VersionPublished(version=3, update_s=0.5),
+    )
+    stage = Stage(failures=1)
+    pub = publisher(controller, stage)
+    metrics = pub.publish(3, backend=None, trained=("g1",))
+    requests = [x for x in controller.sent if isinstance(x, m.PauseRequest)]
+    assert [r.version for r in requests] == [3, 3] and requests[1].trained_group_ids == ("g1",)
+    assert stage.sent == [first, again]
+    assert pub.channel.sent == [Publish(first), Publish(again)]  # the other ranks join both tries
+    assert metrics["weight_sync/retries"] == 1.0 and metrics["weight_sync/controller_s"] == 0.5
+
+
+def test_update_failed_after_a_broken_broadcast_is_raised():
+    controller = ScriptedController(
+        m.Paused(version=3, world_size=2, init_group=False, group_generation=1),
+        m.UpdateFailed(3, "weight broadcast bucket 1/1 of sender s0 to server 0", "HTTP 500"),
+    )
+    with pytest.raises(ControllerFailed, match="version 3 failed at weight broadcast"):
+        publisher(controller, Stage(failures=1)).publish(3, backend=None, trained=())
+
+
+def test_endless_retries_are_refused(monkeypatch):
+    monkeypatch.setattr(publisher_mod, "MAX_UPDATE_RETRIES", 1)
+    paused = m.Paused(version=3, world_size=2, init_group=True, group_generation=1)
+    retry = m.UpdateRetry(3, (0,), "forming broadcast group s0-1 on server 0", "reset")
+    controller = ScriptedController(paused, retry, paused, retry)
+    with pytest.raises(RuntimeError, match="retried 1 times"):
+        publisher(controller, Stage(failures=2)).publish(3, backend=None, trained=())
