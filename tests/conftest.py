@@ -20,13 +20,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)
 # Set by libraries the first time they are imported (cache locations, the same for every test):
-# torch._inductor (imported by transformers' models and Megatron-Core), SGLang.
+# torch._inductor (imported by transformers' models and Megatron-Core), SGLang; scikit-learn's
+# OpenMP workarounds (transformers' generation utils import it wherever it is installed, as on the
+# GPU machines' image).
 LIBRARY_ENV = {
     "TORCHINDUCTOR_CACHE_DIR",
     "TRITON_CACHE_DIR",
     "CUDA_CACHE_PATH",
     "FLASHINFER_WORKSPACE_BASE",
     "TILELANG_CACHE_DIR",
+    "KMP_DUPLICATE_LIB_OK",
+    "KMP_INIT_AT_FORK",
 }
 # Changed on purpose by a fixture wider than one test, which restores it itself.
 FIXTURE_ENV = {
