@@ -24,7 +24,7 @@ from tests.integration.e2e.test_e2e_local import ledger, start_local, wait_for_s
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ETA, B, G = 2, 2, 2
-LONG_RUN = 500  # stopped by SIGUSR1 once the restarted server took part in two updates
+LONG_RUN = 100_000  # stopped by SIGUSR1 once the restarted server took part in two updates
 
 
 def test_vllm_run_survives_a_killed_server_and_respects_eta(tmp_path, tiny_model_dir, record_property):
