@@ -127,7 +127,10 @@ class WeightUpdateOrchestrator:
             # close the sessions the live servers opened: SGLang refuses a second begin while one
             # is open, and a retry sends every bucket again (best effort: the dead cannot answer)
             await asyncio.gather(
-                *(asyncio.wait_for(s.client.end_weight_update(), self.step_timeout_s) for s in self.pool.up_slots),
+                *(
+                    asyncio.wait_for(s.client.end_weight_update(), self.step_timeout_s)
+                    for s in self.pool.up_slots
+                ),
                 return_exceptions=True,
             )
             raise

@@ -90,14 +90,18 @@ class WeightPublisher:
                     logger.warning("broadcast of version %d broke off: %s", version, exc)
             t_sent = time.monotonic()
             reply = self.inbox.wait_for(
-                (m.VersionPublished, m.UpdateRetry), self.cfg.step_timeout_s, f"servers loading version {version}"
+                (m.VersionPublished, m.UpdateRetry),
+                self.cfg.step_timeout_s,
+                f"servers loading version {version}",
             )
             if isinstance(reply, m.VersionPublished):
                 published = reply
                 break
             retries += 1
             if retries > MAX_UPDATE_RETRIES:
-                raise RuntimeError(f"the update to version {version} was retried {retries - 1} times; giving up")
+                raise RuntimeError(
+                    f"the update to version {version} was retried {retries - 1} times; giving up"
+                )
             logger.warning(
                 "servers %s died during the update to version %d (%s): sending it again to the others",
                 list(reply.lost_servers), version, reply.stage,

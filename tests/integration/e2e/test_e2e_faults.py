@@ -74,7 +74,11 @@ def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, re
     )
     # fault 1b's injection (inject/sitecustomize.py), armed later by writing this file
     arm = tmp_path / "kill-in-update.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(INJECT), str(REPO)]), "AREAL_TEST_KILL_IN_UPDATE": str(arm)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(INJECT), str(REPO)]),
+        "AREAL_TEST_KILL_IN_UPDATE": str(arm),
+    }
     proc = start_local(tmp_path, tiny_model_dir, "chaos", *args, f"trainer.total_steps={LONG_RUN}", env=env)
     wait_for_steps(run_dir, 2, proc)
 
@@ -104,7 +108,9 @@ def test_kill_server_then_trainer_resume_and_finish(tmp_path, tiny_model_dir, re
     arm.write_text(json.dumps({"server": 1, "pid": victim["pid"], "at_bucket": 2}))
     t_kill = time.monotonic()
     deadline = time.monotonic() + 600
-    while "servers [1] rejoin" not in (run_dir / "logs" / "controller.log").read_bytes().decode(errors="replace"):
+    while "servers [1] rejoin" not in (run_dir / "logs" / "controller.log").read_bytes().decode(
+        errors="replace"
+    ):
         assert time.monotonic() < deadline, "the server killed inside an update never rejoined"
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(0.5)

@@ -49,7 +49,9 @@ class Stage:
         self.sent.append(paused)
         if self.failures:
             self.failures -= 1
-            raise BroadcastTimeout("weight broadcast bucket 1/1 of s0 (version 3) failed: Connection closed by peer")
+            raise BroadcastTimeout(
+                "weight broadcast bucket 1/1 of s0 (version 3) failed: Connection closed by peer"
+            )
         return 16.0
 
 
