@@ -42,7 +42,6 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
-from safetensors.torch import save_file
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
@@ -427,24 +426,10 @@ class MegatronBackend:
     def save_hf(self, path: str) -> None:
         """HF directory: each stage's sender writes its own safetensors shard, rank 0 the config,
         tokenizer files and the shard index. Collective."""
-        out = Path(path)
-        if dist.get_rank() == 0:
-            out.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        tensors = {name: t.cpu().contiguous() for name, t in self.iter_weights()}
-        if tensors:
-            shard = megatron_weights.hf_shard_name(self._pp_rank, self._cfg.pp_size)
-            save_file(tensors, str(out / shard), metadata={"format": "pt"})
-        if dist.get_rank() == 0:
-            megatron_weights.write_hf_metadata(
-                out,
-                self._model_path,
-                self.dims,
-                self._dtype,
-                pp_size=self._cfg.pp_size,
-                te_fused_norms=self._use_te,
-            )
-        dist.barrier()
+        megatron_weights.save_hf_dir(
+            Path(path), self.iter_weights, self._pp_rank, self._cfg.pp_size,
+            self._model_path, self.dims, self._dtype, te_fused_norms=self._use_te,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------ checkpoints
 

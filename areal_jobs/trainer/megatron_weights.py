@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.trainer.megatron_convert import (
@@ -159,6 +160,30 @@ def write_hf_metadata(
     }
     index = {"metadata": {}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def save_hf_dir(
+    out: Path,
+    iter_weights: Callable[[], Iterator[tuple[str, torch.Tensor]]],
+    pp_rank: int,
+    pp_size: int,
+    model_path: str,
+    dims: ModelDims,
+    dtype: torch.dtype,
+    *,
+    te_fused_norms: bool,
+) -> None:
+    """Collective: each stage's sender writes its safetensors shard (`iter_weights` yields nothing
+    on the other ranks), rank 0 the config, tokenizer files and the shard index."""
+    if dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    tensors = {name: t.cpu().contiguous() for name, t in iter_weights()}
+    if tensors:
+        save_file(tensors, str(out / hf_shard_name(pp_rank, pp_size)), metadata={"format": "pt"})
+    if dist.get_rank() == 0:
+        write_hf_metadata(out, model_path, dims, dtype, pp_size=pp_size, te_fused_norms=te_fused_norms)
+    dist.barrier()
 
 
 def _checkpoint_state(gpt: torch.nn.Module, optimizer, *, is_loading: bool) -> dict:
