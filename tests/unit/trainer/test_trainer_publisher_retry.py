@@ -5,6 +5,7 @@ Scripted controller; the real one is in tests/integration/e2e/test_e2e_faults.py
 from __future__ import annotations
 
 import pytest
+from test_trainer_inbox import ScriptedChannel  # the controller's replies, scripted
 
 from areal_jobs.api import BucketSpec, TensorSpec, WeightSender
 from areal_jobs.config import WeightSyncConfig
@@ -16,18 +17,6 @@ from areal_jobs.transport import messages as m
 from areal_jobs.weights.broadcast import BroadcastTimeout
 
 SENDER = WeightSender("s0", "127.0.0.1", 1, (BucketSpec(0, (TensorSpec("w", "float32", (4,)),)),))
-
-
-class ScriptedController:
-    def __init__(self, *replies) -> None:
-        self.replies = list(replies)
-        self.sent: list = []
-
-    def poll(self, timeout_s: float):
-        return self.replies.pop(0) if self.replies else None
-
-    def send(self, msg) -> None:
-        self.sent.append(msg)
 
 
 class Ranks:
@@ -63,7 +52,7 @@ def publisher(controller, stage):
 def test_a_broken_broadcast_is_sent_again_after_update_retry():
     first = m.Paused(version=3, world_size=3, init_group=True, group_generation=1)
     again = m.Paused(version=3, world_size=2, init_group=True, group_generation=2)
-    controller = ScriptedController(
+    controller = ScriptedChannel(
         first,
         m.UpdateRetry(3, (1,), "weight broadcast bucket 1/1 of sender s0 to server 1", "reset"),
         again,
@@ -80,7 +69,7 @@ def test_a_broken_broadcast_is_sent_again_after_update_retry():
 
 
 def test_update_failed_after_a_broken_broadcast_is_raised():
-    controller = ScriptedController(
+    controller = ScriptedChannel(
         m.Paused(version=3, world_size=2, init_group=False, group_generation=1),
         m.UpdateFailed(3, "weight broadcast bucket 1/1 of sender s0 to server 0", "HTTP 500"),
     )
@@ -92,6 +81,6 @@ def test_endless_retries_are_refused(monkeypatch):
     monkeypatch.setattr(publisher_mod, "MAX_UPDATE_RETRIES", 1)
     paused = m.Paused(version=3, world_size=2, init_group=True, group_generation=1)
     retry = m.UpdateRetry(3, (0,), "forming broadcast group s0-1 on server 0", "reset")
-    controller = ScriptedController(paused, retry, paused, retry)
+    controller = ScriptedChannel(paused, retry, paused, retry)
     with pytest.raises(RuntimeError, match="retried 1 times"):
         publisher(controller, Stage(failures=2)).publish(3, backend=None, trained=())
