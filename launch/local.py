@@ -8,7 +8,8 @@ processes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT as torchrun sets them)
 logs/trainer.log, rank r > 0 to logs/trainer-<r>.log.
 
 Faults: a rollout server that dies is restarted (rollout.max_server_restarts) and rejoins with
-the current weights. If any trainer rank or the controller fails, everything is stopped (by PID),
+the current weights. `python -m launch.scale RUN_DIR +N|-N` adds or drains servers of the running
+job (launch/elastic.py). If any trainer rank or the controller fails, everything is stopped (by PID),
 the failing log is named, and running the same command again resumes from the last checkpoint.
 """
 
@@ -40,6 +41,7 @@ from areal_jobs.config import (
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import read_jsonl
 from areal_jobs.report import final_line, length_table
+from launch.elastic import SCALE_FILE, ServerSet
 from launch.placement import colocated_schedule
 
 logger = logging.getLogger("launch.local")
@@ -67,11 +69,14 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> bool:
         run_dir.rename(target)
         logger.info("previous run moved to %s", target)
     resuming = resume and run_dir.exists() and latest_checkpoint(run_dir) is not None
-    for stale in ("servers", "controller.json"):  # registrations of processes that no longer exist
+    # registrations of processes that no longer exist, drain markers and scale requests of the
+    # last attempt (a restarted run starts rollout.num_servers servers again)
+    for stale in ("servers", "controller.json", SCALE_FILE):
         path = run_dir / stale
         if path.is_dir():
-            for f in path.glob("*.json"):
-                f.unlink()
+            for pattern in ("*.json", "*.drain", "*.drained"):
+                for f in path.glob(pattern):
+                    f.unlink()
         else:
             path.unlink(missing_ok=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -194,21 +199,20 @@ def launch(cfg: JobConfig) -> int:
             str(i),
         )
 
-    servers = [start_server(i) for i in range(cfg.rollout.num_servers)]
+    servers = ServerSet(
+        run_dir, start_server, stop_roles, cfg.rollout.max_server_restarts, cfg.rollout.num_servers
+    )
     controller = start_role(
         "controller", "areal_jobs.rollout.main", config_path, env, logs / "controller.log"
     )
     trainers = start_trainers(cfg, config_path, env, logs)
-    roles = [*servers, controller, *trainers]
     on_sigterm_interrupt()
     try:
-        failed = _watch(
-            roles, servers, start_server, cfg.rollout.max_server_restarts, run_dir, cfg.trainer.total_steps
-        )
+        failed = _watch(servers, controller, trainers, run_dir, cfg.trainer.total_steps)
     except KeyboardInterrupt:
         failed = "interrupted"
     finally:
-        stop_roles(roles)
+        stop_roles([*servers.roles, controller, *trainers])
     if failed:
         logger.error("run failed: %s. Run the same command again to resume from the last checkpoint.", failed)
         return 1
@@ -228,22 +232,20 @@ def launch(cfg: JobConfig) -> int:
 
 
 def _watch(
-    roles: list[Role], servers: list[Role], restart, max_restarts: int, run_dir: Path, total_steps: int
+    servers: ServerSet, controller: Role, trainers: list[Role], run_dir: Path, total_steps: int
 ) -> str | None:
-    """Progress bar until the trainer exits; restarts dead servers; returns why the run failed.
+    """Progress bar until the trainer exits; heals and scales the servers; returns why the run failed.
 
-    `roles` is servers, controller, then the trainer ranks (rank 0 first). A trainer rank > 0 or
-    the controller exits 0 only once rank 0 has said Stop; any non-zero exit fails the run."""
+    `trainers` are the trainer ranks, rank 0 first. A trainer rank > 0 or the controller exits 0
+    only once rank 0 has said Stop; any non-zero exit fails the run."""
     from tqdm import tqdm
 
-    controller = next(r for r in roles if r.name == "controller")
-    trainers = roles[roles.index(controller) + 1 :]
     trainer = trainers[0]
     rows = read_jsonl(run_dir / "metrics.jsonl")
     done = sum(1 for r in rows if "train/version" in r)
     bar = tqdm(total=total_steps, initial=done, desc="RL", unit="step", dynamic_ncols=True, mininterval=2.0)
     seen, postfix = len(rows), {}
-    _write_pids(run_dir, roles)
+    _write_pids(run_dir, [*servers.roles, controller, *trainers])
     try:
         while True:
             if trainer.process.poll() == 0:
@@ -261,25 +263,11 @@ def _watch(
                     return f"{role.name} exited with code {code}; see {role.log}"
             if controller.process.poll() == 0:  # it leaves first after Stop: give the trainer time to finish
                 return _wait_all(trainers, 600, "after the controller stopped")
-            for i, server in enumerate(servers):
-                code = server.process.poll()
-                if code is None:
-                    continue
-                if server.restarts >= max_restarts:
-                    return (
-                        f"{server.name} died {server.restarts + 1} times (last code {code}); see {server.log}"
-                    )
-                logger.warning(
-                    "%s exited with code %s; restarting it (%d/%d)",
-                    server.name,
-                    code,
-                    server.restarts + 1,
-                    max_restarts,
-                )
-                fresh = restart(i)
-                fresh.restarts = server.restarts + 1
-                servers[i] = roles[roles.index(server)] = fresh
-                _write_pids(run_dir, roles)
+            failed, changed = servers.poll()
+            if failed:
+                return failed
+            if changed:
+                _write_pids(run_dir, [*servers.roles, controller, *trainers])
             rows = read_jsonl(run_dir / "metrics.jsonl")
             for row in rows[seen:]:
                 postfix.update(_postfix(row))

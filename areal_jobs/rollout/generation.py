@@ -122,6 +122,7 @@ class GenerationPath:
                 slot.in_flight -= 1
                 self._in_flight -= 1
             self.counters.segments += 1
+            slot.completed += 1
             version = min(sent_version, response.weight_version)
             if response.weight_version > sent_version:
                 self.counters.straddled_segments += 1

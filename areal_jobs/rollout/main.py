@@ -57,7 +57,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         )  # fmt: skip
 
     records = discovery.wait_for_servers(run_dir, cfg.rollout.num_servers, cfg.rollout.server_start_timeout_s)
-    pool = ServerPool()
+    pool = ServerPool(cfg.rollout.tp_size)
     for rec in records:
         pool.add(rec.index, make_client(rec), cfg.rollout.tp_size)
     scorer = RewardService(cfg.reward)
@@ -78,6 +78,8 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         eval_k=cfg.run.eval_pass_k, step_timeout_s=cfg.weight_sync.step_timeout_s,
         health_interval_s=cfg.rollout.health_interval_s, make_client=make_client,
         discover=lambda: discovery.read_servers(run_dir),
+        leaving=lambda: discovery.leaving(run_dir),
+        on_drained=lambda index: discovery.mark_drained(run_dir, index),
     )  # fmt: skip
     if cfg.run.samples_every_steps > 0:
         service.dump_samples = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print).write

@@ -3,7 +3,9 @@
 Dispatch is least-loaded first (fewest in-flight requests, ties to the lowest index). A server
 that fails a call or a health check is marked down. When it comes back (restarted by the
 launcher, re-registered) it is *joining*: it takes no work until the next weight update has
-formed the broadcast groups with it and given it the current weights (`promote_joining`).
+formed the broadcast groups with it and given it the current weights (`promote_joining`). A
+server added to the running job joins the same way (`admit`); one asked to leave is drained: no
+new request, removed once its requests in flight have come back (`drain`, `remove`).
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ class ServerSlot:
     tp_size: int = 1
     in_flight: int = 0
     up: bool = True
-    joining: bool = False  # back from the dead; waits for the current weights
+    joining: bool = False  # back from the dead (or new to the job); waits for the current weights
+    draining: bool = False  # leaving the job: no new request; removed once none is in flight
     failures: int = 0
     completed: int = 0
 
 
 class ServerPool:
-    def __init__(self) -> None:
+    def __init__(self, tp_size: int = 1) -> None:
         self.slots: dict[int, ServerSlot] = {}
+        self.tp_size = tp_size  # of a server added to the running job
 
     def add(self, index: int, client: RolloutEngineClient, tp_size: int = 1) -> ServerSlot:
         slot = ServerSlot(index=index, client=client, tp_size=tp_size)
@@ -46,7 +50,7 @@ class ServerPool:
         return [s for s in sorted(self.slots.values(), key=lambda s: s.index) if s.up]
 
     def least_loaded(self) -> ServerSlot:
-        candidates = self.up_slots
+        candidates = [s for s in self.up_slots if not s.draining]
         if not candidates:
             raise NoServerAvailable("no rollout server is up")
         return min(candidates, key=lambda s: (s.in_flight, s.index))
@@ -67,6 +71,20 @@ class ServerPool:
         """A restarted server (possibly at a new address) will get weights at the next update."""
         slot = self.slots[index]
         slot.client, slot.joining, slot.up, slot.in_flight = client, True, False, 0
+
+    def admit(self, index: int, client: RolloutEngineClient) -> None:
+        """A server added to the running job (launch.scale): like a restarted one, it takes work
+        only once the next update has given it the current weights."""
+        slot = self.add(index, client, self.tp_size)
+        slot.up, slot.joining = False, True
+
+    def drain(self, index: int) -> None:
+        """No new request goes to it; its requests in flight finish where they are."""
+        self.slots[index].draining = True
+
+    def remove(self, index: int) -> ServerSlot:
+        """A drained server leaves the pool (the broadcast groups are re-formed without it)."""
+        return self.slots.pop(index)
 
     @property
     def joining_slots(self) -> list[ServerSlot]:

@@ -49,6 +49,8 @@ class ControllerService:
         discover: Callable[[], list[ServerRecord]] | None = None,
         make_client: Callable[[ServerRecord], object] | None = None,
         stats_interval_s: float = 2.0,
+        leaving: Callable[[], set[int]] | None = None,
+        on_drained: Callable[[int], None] | None = None,
     ) -> None:
         self.ctl = controller
         self.pool = pool  # the controller's servers (shared with it and the orchestrator)
@@ -66,6 +68,8 @@ class ControllerService:
         self.discover = discover
         self.make_client = make_client
         self.stats_interval_s = stats_interval_s
+        self.leaving = leaving  # servers asked to leave the job (launch.scale -N): drained, then let go
+        self.on_drained = on_drained
         self.preempted = asyncio.Event()  # SIGUSR1/SIGTERM: finish the trainer's checkpoint, then exit
         self._outbox: list[m.ControlMessage] = []  # held until a trainer has said hello
         self._background: set[asyncio.Task] = set()
@@ -256,18 +260,40 @@ class ControllerService:
                 self.orch.forget_groups()
             if self.discover is None or self.make_client is None:
                 continue
+            leaving = self.leaving() if self.leaving is not None else set()
             for rec in self.discover():
-                if not self.pool.can_rejoin(rec.index):
+                new = rec.index not in self.pool.slots
+                if rec.index in leaving or not (new or self.pool.can_rejoin(rec.index)):
                     continue
                 client = self.make_client(rec)
                 if await client.healthy():
-                    self.pool.rejoin(rec.index, client)
+                    if new:
+                        self.pool.admit(rec.index, client)
+                    else:
+                        self.pool.rejoin(rec.index, client)
                     logger.info(
-                        "server %d is back at %s; asking the trainer for the current weights",
-                        rec.index,
-                        rec.url,
+                        "server %d %s at %s; asking the trainer for the current weights",
+                        rec.index, "joins the job" if new else "is back", rec.url,
+                    )  # fmt: skip
+                    await self._send(
+                        m.WeightsNeeded(reason=f"server {rec.index} {'joined' if new else 'rejoined'}")
                     )
-                    await self._send(m.WeightsNeeded(reason=f"server {rec.index} rejoined"))
+            self._drain(leaving)
+
+    def _drain(self, leaving: set[int]) -> None:
+        """Servers asked to leave get no new request; each is let go once none of its requests is
+        in flight (never in the middle of an update: the groups are re-formed without it next)."""
+        for index in sorted(leaving & set(self.pool.slots)):
+            slot = self.pool.slots[index]
+            if not slot.draining:
+                self.pool.drain(index)
+                logger.info("server %d draining: no new request, %d in flight", index, slot.in_flight)
+            if slot.in_flight == 0 and not self._holding_servers():
+                self.pool.remove(index)
+                self.orch.forget_groups()
+                logger.info("server %d drained after %d requests: it leaves the pool", index, slot.completed)
+                if self.on_drained is not None:
+                    self.on_drained(index)
 
     def _holding_servers(self) -> bool:
         return self._updating or self._paused_for_retry

@@ -2,7 +2,9 @@
 
 Each rollout server writes RUN_DIR/servers/<index>.json = {"index", "host", "port"} once it is
 healthy, atomically (write + rename), and removes it on exit. The controller waits for the
-expected number of records. The same mechanism serves local runs and SLURM jobs.
+expected number of records. The same mechanism serves local runs and SLURM jobs. A server asked
+to leave the running job gets a RUN_DIR/servers/<index>.drain marker; the controller answers with
+<index>.drained once none of its requests is in flight (launch.scale).
 """
 
 from __future__ import annotations
@@ -42,6 +44,27 @@ def register_server(run_dir: Path, index: int, host: str, port: int, pid: int = 
 
 def unregister_server(run_dir: Path, index: int) -> None:
     (servers_dir(run_dir) / f"{index}.json").unlink(missing_ok=True)
+
+
+def request_drain(run_dir: Path, index: int) -> None:
+    """Ask the controller to stop sending work to server `index` and let it go (launch.scale -N)."""
+    servers_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    (servers_dir(run_dir) / f"{index}.drain").touch()
+
+
+def leaving(run_dir: Path) -> set[int]:
+    """Servers asked to leave (draining) or already let go: never admitted again under that index."""
+    folder = servers_dir(run_dir)
+    return {int(p.stem) for pattern in ("*.drain", "*.drained") for p in folder.glob(pattern)}
+
+
+def mark_drained(run_dir: Path, index: int) -> None:
+    """The controller's answer: nothing of server `index` is in flight; its process may stop."""
+    (servers_dir(run_dir) / f"{index}.drained").touch()
+
+
+def is_drained(run_dir: Path, index: int) -> bool:
+    return (servers_dir(run_dir) / f"{index}.drained").exists()
 
 
 def read_servers(run_dir: Path) -> list[ServerRecord]:
