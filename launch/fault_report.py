@@ -168,6 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factors", default="1,1.25,1.5,1.75,2", help="replan: answer length per window")
     parser.add_argument("--total-steps", type=int, default=1000, help="replan: steps of the run")
     parser.add_argument("--resplit-cost-s", type=float, default=600.0, help="replan: cost of a split change")
+    parser.add_argument(
+        "--min-gain", type=float, default=1.0, help="replan: change the split only for this expected gain"
+    )
+    parser.add_argument(
+        "--attention-share",
+        type=float,
+        default=0.5,
+        help="replan: share of training cost that grows with length",
+    )
     parser.add_argument("overrides", nargs="*", help="profile overrides, e.g. cluster.nodes=32")
     args = parser.parse_args(argv)
     try:
@@ -191,9 +200,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             factors = tuple(float(x) for x in args.factors.split(","))
             report = growth_comparison(
-                profile, factors, args.total_steps // len(factors), args.resplit_cost_s
+                profile,
+                factors,
+                args.total_steps // len(factors),
+                args.resplit_cost_s,
+                args.min_gain,
+                args.attention_share,
             )
-            text = f"## Online re-planning, answers growing {factors[0]:g}x -> {factors[-1]:g}x: {profile.name}\n\n"
+            text = (
+                f"## Online re-planning, answers growing {factors[0]:g}x -> {factors[-1]:g}x: {profile.name}\n\n"
+                f"Training cost per token: {1 - args.attention_share:g} fixed + {args.attention_share:g} x length; "
+                f"split changes when the expected gain reaches {args.min_gain:g}.\n\n"
+            )
             text += replan_markdown(report)
             payload = [
                 {"factor": w.factor, "static_fraction": w.static_fraction, "replanned_fraction": w.replanned_fraction,

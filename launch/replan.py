@@ -133,7 +133,10 @@ def decode_model(base: SimProfile) -> tuple[float, float]:
 def grown_profile(base: SimProfile, factor: float, attention_share: float = 0.5) -> SimProfile:
     """`base` with answers `factor` times longer: the median scales (the cap max_tokens stays), each
     sequence's KV reads per decode step scale (k * factor), the KV cache holds 1/factor as many
-    sequences, and the attention share of the training cost scales."""
+    sequences, and the attention share of the training cost scales (0.5: the paper profile's
+    estimate, as much attention as dense FLOPs at ~8k-token contexts)."""
+    if factor <= 0 or not 0.0 <= attention_share <= 1.0:
+        raise ValueError("growth: length factors must be > 0 and attention_share in [0, 1]")
     a, k = decode_model(base)
     p = copy.deepcopy(base)
     p.lengths.median_tokens = min(base.lengths.median_tokens * factor, base.lengths.max_tokens)
@@ -184,14 +187,28 @@ class GrowthReport:
 
 
 def growth_comparison(
-    base: SimProfile, factors: tuple[float, ...], steps_per_window: int, resplit_cost_s: float
+    base: SimProfile,
+    factors: tuple[float, ...],
+    steps_per_window: int,
+    resplit_cost_s: float,
+    min_gain: float = 1.0,
+    attention_share: float = 0.5,
 ) -> GrowthReport:
     """Window i runs with answers factors[i] times the base's. Static: planned on window 0, kept.
-    Re-planned: window i uses the split planned on window i-1's profile (window 0: as static)."""
-    if len(factors) < 2 or steps_per_window < 1 or resplit_cost_s < 0:
-        raise ValueError("growth: need >= 2 length factors, steps_per_window >= 1, resplit_cost_s >= 0")
-    profiles = [grown_profile(base, f) for f in factors]
-    plans = [choose_rollout_fraction(p).best.fraction for p in profiles[:-1]]
+    Re-planned: from window 2 on, `recommend` runs on window i-1's profile (what the controller has
+    measured by then) at the split in use, and the split changes when the expected gain reaches
+    `min_gain`; windows 0 and 1 run the start's plan."""
+    if len(factors) < 2 or steps_per_window < 1 or resplit_cost_s < 0 or min_gain < 1.0:
+        raise ValueError(
+            "growth: need >= 2 length factors, steps_per_window >= 1, resplit_cost_s >= 0, min_gain >= 1"
+        )
+    profiles = [grown_profile(base, f, attention_share) for f in factors]
+    start = choose_rollout_fraction(profiles[0]).best.fraction
+    fractions = [start, start]
+    for measured in profiles[1:-1]:
+        measured.cluster.rollout_fraction = fractions[-1]
+        rec = recommend(measured)
+        fractions.append(rec.rollout_fraction if rec.expected_gain >= min_gain else fractions[-1])
     runs: dict[tuple[int, float], SimResult] = {}
 
     def run(i: int, fraction: float) -> SimResult:
@@ -199,8 +216,8 @@ def growth_comparison(
             runs[i, fraction] = run_async(profiles[i], fraction)
         return runs[i, fraction]
 
-    windows = []
-    for i, f in enumerate(factors):
-        replanned = plans[max(i - 1, 0)]
-        windows.append(GrowthWindow(f, plans[0], replanned, run(i, plans[0]), run(i, replanned)))
+    windows = [
+        GrowthWindow(f, start, fractions[i], run(i, start), run(i, fractions[i]))
+        for i, f in enumerate(factors)
+    ]
     return GrowthReport(tuple(windows), steps_per_window, resplit_cost_s)

@@ -82,6 +82,9 @@ def test_grown_profile_by_hand():
     assert p.rollout.max_batch_per_gpu == 64  # KV cache holds half as many sequences
     assert p.rollout.gpu_tokens_per_s(64) == pytest.approx(64 / (2.5e-3 + 0.14e-3 * 64), rel=1e-3)  # 5585
     assert p.trainer.tokens_per_s_per_gpu == pytest.approx(8000 / 1.5)  # half the cost is attention
+    assert grown_profile(base, 2.0, attention_share=0.0).trainer.tokens_per_s_per_gpu == 8000
+    with pytest.raises(ValueError, match="attention_share"):
+        grown_profile(base, 2.0, attention_share=2.0)
 
 
 def test_recommend_moves_nodes_to_the_bottleneck():
@@ -129,3 +132,10 @@ def test_growth_replanning_follows_longer_answers():
     assert r.gain > 1.0
     with pytest.raises(ValueError, match="length factors"):
         growth_comparison(p, (1.0,), 10, 0.0)
+
+
+def test_growth_keeps_the_split_below_the_gain_threshold():
+    p = load_profile("paper_1p5b", SMALL)
+    r = growth_comparison(p, (1.0, 4.0, 4.0), 10, 0.0, min_gain=100.0)
+    assert r.changes == 0 and r.gain == 1.0
+    assert all(w.replanned_fraction == w.static_fraction for w in r.windows)
