@@ -1,5 +1,7 @@
-"""Two simulator reports: self-healing against kill-and-requeue at realistic failure rates, and online
-re-planning on a run whose answers grow.
+"""Simulator reports: self-healing vs kill-and-requeue under failures; re-planning as answers grow.
+
+The first compares the two recovery policies at realistic failure rates, the second a split planned
+at the start against one re-planned from measurements on a run whose answers grow.
 
     python -m launch.simulate faults                      # paper_1p5b: 64 x 8 H800, 384 servers
     python -m launch.simulate faults --mtbf-h 50700,5070 --requeue-wait-s 900,7200
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         help="replan: share of training cost that grows with length",
     )
     parser.add_argument("overrides", nargs="*", help="profile overrides, e.g. cluster.nodes=32")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     try:
         profile = load_profile(args.profile, args.overrides)
         out = Path(args.out or f"runs/sim/{profile.name}")
