@@ -4,6 +4,7 @@ and against the staleness bound eta, from a profile in conf/sim/.
     python -m launch.simulate                                   # the paper setting (paper_1p5b)
     python -m launch.simulate --profile trainer_heavy_7b algo.max_staleness=8
     python -m launch.simulate --gpus 64,128,256,512 --etas 0,1,2,4,8 --out runs/sim/paper
+    python -m launch.simulate faults | replan ...   # failures and online re-planning (launch/fault_report.py)
 
 Writes <out>/simulate.png, simulate.md (the tables printed here) and simulate.json.
 The schedule drives the project's StalenessManager, split_fresh and balanced_microbatches
@@ -102,6 +103,11 @@ def inputs_markdown(p: SimProfile) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("faults", "replan"):
+        from launch.fault_report import main as report_main
+
+        return report_main(argv)
     parser = argparse.ArgumentParser(prog="python -m launch.simulate", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="paper_1p5b", help="conf/sim/<name>.yaml or a YAML path")
     parser.add_argument(
