@@ -7,7 +7,7 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install system-packages run test test-gpu test-unit lint format bench ablate clean ci warmstart vllm-venv eval
+.PHONY: install system-packages run test test-gpu test-unit lint format bench ablate clean ci warmstart vllm-venv eval scale
 # rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
 NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
@@ -44,6 +44,10 @@ DATA ?= builtin
 EVAL_ARGS ?=
 eval: install $(if $(findstring vllm,$(EVAL_ARGS)),vllm-venv)
 	$(PY) -m launch.evaluate --ckpt $(CKPT) --data $(DATA) $(EVAL_ARGS)
+
+# Grow or shrink a running local job's rollout pool: make scale RUN=runs/tiny-arith SERVERS=+1
+scale: install
+	$(PY) -m launch.scale $(RUN) $(SERVERS)
 
 # Rebuild the committed built-in model (tokenizer + tiny Qwen2 + supervised warm start).
 warmstart: install

@@ -248,7 +248,8 @@ class ControllerService:
         )
 
     async def _health_loop(self) -> None:
-        """Mark servers that stop answering down; let restarted ones rejoin (and ask for weights)."""
+        """Mark servers that stop answering down; let restarted and added ones join (and ask for
+        weights); let the ones asked to leave go."""
         while True:
             await asyncio.sleep(self.health_interval_s)
             # not while an update holds the servers paused: SGLang's /health generates a token and
@@ -258,27 +259,31 @@ class ControllerService:
                     continue
                 self.pool.mark_down(slot.index, "health check failed")
                 self.orch.forget_groups()
-            if self.discover is None or self.make_client is None:
+            await self._membership()
+
+    async def _membership(self) -> None:
+        """Registered servers that are new to the job or back from the dead join (at the next
+        update); servers asked to leave are drained and let go."""
+        if self.discover is None or self.make_client is None:
+            return
+        leaving = self.leaving() if self.leaving is not None else set()
+        for rec in self.discover():
+            new = rec.index not in self.pool.slots
+            if rec.index in leaving or not (new or self.pool.can_rejoin(rec.index)):
                 continue
-            leaving = self.leaving() if self.leaving is not None else set()
-            for rec in self.discover():
-                new = rec.index not in self.pool.slots
-                if rec.index in leaving or not (new or self.pool.can_rejoin(rec.index)):
-                    continue
-                client = self.make_client(rec)
-                if await client.healthy():
-                    if new:
-                        self.pool.admit(rec.index, client)
-                    else:
-                        self.pool.rejoin(rec.index, client)
-                    logger.info(
-                        "server %d %s at %s; asking the trainer for the current weights",
-                        rec.index, "joins the job" if new else "is back", rec.url,
-                    )  # fmt: skip
-                    await self._send(
-                        m.WeightsNeeded(reason=f"server {rec.index} {'joined' if new else 'rejoined'}")
-                    )
-            self._drain(leaving)
+            client = self.make_client(rec)
+            if await client.healthy():
+                if new:
+                    self.pool.admit(rec.index, client)
+                else:
+                    self.pool.rejoin(rec.index, client)
+                logger.info(
+                    "server %d %s at %s; asking the trainer for the current weights",
+                    rec.index, "joins the job" if new else "is back", rec.url,
+                )  # fmt: skip
+                joined = "joined" if new else "rejoined"
+                await self._send(m.WeightsNeeded(reason=f"server {rec.index} {joined}"))
+        self._drain(leaving)
 
     def _drain(self, leaving: set[int]) -> None:
         """Servers asked to leave get no new request; each is let go once none of its requests is

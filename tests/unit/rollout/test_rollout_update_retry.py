@@ -106,3 +106,46 @@ def test_retries_of_one_version_are_bounded(monkeypatch):
     with pytest.raises(StageError):
         asyncio.run(svc._update_weights(REQUEST))
     assert isinstance(channel.sent[-1], m.UpdateFailed)
+
+
+# ------------------------------------------------------------------ servers joining and leaving
+
+
+def test_a_server_added_to_the_job_joins_at_the_next_update_and_one_asked_to_leave_drains():
+    """launch.scale +1 / -1 as the controller sees it: a new registration is admitted like a
+    restarted server (no request before an update gave it the weights); a server asked to leave
+    gets no new request and leaves the pool once none of its requests is in flight."""
+    from areal_jobs.transport.discovery import ServerRecord
+
+    class Started(Healthy):
+        async def healthy(self):
+            return True  # not paused: a fresh server answers /health
+
+    svc, pool, _, channel = service([Healthy("a"), Healthy("b")])
+    records = [
+        ServerRecord(0, "127.0.0.1", 1),
+        ServerRecord(1, "127.0.0.1", 2),
+        ServerRecord(2, "127.0.0.1", 3),
+    ]
+    leaving: set[int] = set()
+    drained: list[int] = []
+    svc.discover, svc.make_client = (lambda: records), (lambda rec: Started(f"new{rec.index}"))
+    svc.leaving, svc.on_drained = (lambda: leaving), drained.append
+
+    asyncio.run(svc._membership())
+    assert pool.slots[2].joining and not pool.slots[2].up
+    assert channel.sent == [m.WeightsNeeded(reason="server 2 joined")]
+    assert pool.least_loaded().index in (0, 1)  # no work before the weights
+    asyncio.run(svc._update_weights(REQUEST))
+    assert pool.slots[2].up and ("bucket", "w-1", 5, 1) in pool.slots[2].client.calls
+
+    leaving.add(1)
+    pool.slots[1].in_flight = 1  # a request still on it
+    asyncio.run(svc._membership())
+    assert pool.slots[1].draining and drained == []
+    assert {pool.least_loaded().index for _ in range(3)} <= {0, 2}
+    pool.slots[1].in_flight = 0
+    asyncio.run(svc._membership())
+    assert 1 not in pool.slots and drained == [1]
+    asyncio.run(svc._membership())  # its registration may linger: it is not admitted again
+    assert 1 not in pool.slots and drained == [1]
