@@ -115,6 +115,12 @@ def main(argv: list[str]) -> None:
     module = argv[argv.index("-m") + 1]
     cfg = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text())
     run_dir = Path(os.environ["AREAL_RUN_DIR"])
+    if module == "areal_jobs.rollout.supervise":  # the real supervisor, around a stand-in server
+        from areal_jobs.rollout import supervise
+
+        stand_in = [sys.executable, __file__, *argv]
+        stand_in[stand_in.index("-m") + 1] = "areal_jobs.rollout.server"
+        sys.exit(supervise.main(argv[argv.index("-m") + 2 :], command=stand_in))
     if module == "areal_jobs.rollout.server":
         server(cfg, run_dir, int(argv[argv.index("--index") + 1]))
     elif module == "areal_jobs.rollout.main":

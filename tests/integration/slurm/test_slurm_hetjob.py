@@ -135,15 +135,42 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm, tmp_pa
     assert slurm_cluster.leftover_job_processes() == []
 
 
-def test_a_dying_server_fails_the_job_instead_of_hanging(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+def test_a_crashing_server_is_restarted_in_place_then_given_up_and_the_job_goes_on(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    """Server 1 crashes 1 s after every start: its supervisor restarts it (rollout.max_server_restarts,
+    with backoff), then gives up; the other servers and the trainer run on and the job completes."""
     run_dir = tmp_path / "runs" / "crash"
     (run_dir / "fake").mkdir(parents=True)
     (run_dir / "fake" / "crash_server1").touch()
-    job_id, _ = submit(slurm_cluster, tmp_path, "crash", "trainer.total_steps=100000")
+    job_id, _ = submit(
+        slurm_cluster, tmp_path, "crash", "trainer.total_steps=60", "rollout.max_server_restarts=2"
+    )
+    assert slurm_cluster.wait_until_done(job_id, timeout_s=180) == ["COMPLETED", "COMPLETED"]
+    log = (run_dir / "logs" / "rollout-server-1.log").read_text()
+    assert log.count("server 1: injected crash") == 3, log  # the first start and 2 restarts
+    assert "restart 1/2 in 1 s" in log and "restart 2/2 in 2 s" in log and "giving up" in log, log
+    batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
+    assert "exited while the trainer was running" not in batch_log, batch_log
+    assert "server 0 stopped" in (run_dir / "logs" / "rollout-server-0.log").read_text()
+    assert json.loads((run_dir / "summary.json").read_text())["final_step"] == 60
+    assert slurm_cluster.leftover_job_processes() == []
+
+
+def test_every_server_giving_up_fails_the_job_instead_of_hanging(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "runs" / "crash-all"
+    (run_dir / "fake").mkdir(parents=True)
+    for index in range(3):
+        (run_dir / "fake" / f"crash_server{index}").touch()
+    job_id, _ = submit(
+        slurm_cluster, tmp_path, "crash-all", "trainer.total_steps=100000", "rollout.max_server_restarts=1"
+    )
     states = slurm_cluster.wait_until_done(job_id, timeout_s=120)
     assert states[0] == "FAILED", states
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
     assert "rollout servers exited while the trainer was running" in batch_log, batch_log
-    assert "injected crash" in (run_dir / "logs" / "rollout-server-1.log").read_text()
+    assert "giving up" in (run_dir / "logs" / "rollout-server-1.log").read_text()
     assert not (run_dir / "summary.json").exists()
     assert slurm_cluster.leftover_job_processes() == []

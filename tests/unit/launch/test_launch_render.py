@@ -85,7 +85,7 @@ def test_srun_lines_start_each_role_in_its_group() -> None:
     servers, controller, trainer = sruns
     assert (
         "--het-group=0" in servers
-        and "areal_jobs.rollout.server" in servers
+        and "areal_jobs.rollout.supervise" in servers
         and '--index "$SLURM_PROCID"' in servers
     )
     assert "--het-group=1" in controller and "areal_jobs.rollout.main" in controller
