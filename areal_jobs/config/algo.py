@@ -38,6 +38,15 @@ class LossAgg(enum.Enum):
     seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # Dr.GRPO: sum / (samples * max_new_tokens)
 
 
+class ProxLogp(enum.Enum):
+    """Where the proximal log-probs p of decoupled PPO come from (AReaL prox_logp_method)."""
+
+    recompute = "recompute"  # a no-grad forward pass with the pre-step weights, before the update
+    # AReaL's approximation, no extra forward pass: p = b + α (θ - b) per token, θ detached,
+    # α = clamp((v - 1 - v_b) / (v - v_b), 0, 1) (0 where v_b >= v), v = the trainer's version
+    loglinear = "loglinear"
+
+
 class KLEstimator(enum.Enum):
     """Per-token estimate of KL(π || π_ref) from x = log π - log π_ref."""
 
@@ -61,6 +70,7 @@ class AlgoConfig:
     eps_clip_high: float = 0.0  # upper side 1 + eps_clip_high (DAPO clip-higher); 0 = clip_eps
     dual_clip_c: float = 0.0  # > 1: tokens with A < 0 lose at most c * |A| (dual clip); 0 = off
     decoupled: bool = True  # False: proximal = behaviour log-probs (standard PPO ablation)
+    prox_logp: ProxLogp = ProxLogp.recompute  # decoupled: recomputed, or interpolated from versions
     behav_weight_mode: BehavWeightMode = BehavWeightMode.drop
     behav_weight_cap: float = 0.0  # drop / truncate: the cap on w; 0 = no cap (drop mode only)
     mis_low: float = 0.5  # seq_mask: keep a sample while exp(mean log w) is in [mis_low, mis_high]
@@ -93,6 +103,12 @@ class AlgoConfig:
             raise ValueError("algo.eps_clip_high must be 0 (= algo.clip_eps) or in [algo.clip_eps, 10)")
         if self.dual_clip_c != 0.0 and self.dual_clip_c <= 1.0:
             raise ValueError("algo.dual_clip_c must be 0 (off) or > 1 (e.g. 3)")
+        self.prox_logp = ProxLogp(self.prox_logp)
+        if self.prox_logp is ProxLogp.loglinear and not self.decoupled:
+            raise ValueError(
+                "algo.prox_logp=loglinear approximates the proximal policy of decoupled PPO: "
+                "set algo.decoupled=true or leave algo.prox_logp=recompute"
+            )
         if self.behav_weight_cap < 0:
             raise ValueError("algo.behav_weight_cap must be >= 0 (0 = no cap)")
         if self.behav_weight_mode is BehavWeightMode.truncate and self.behav_weight_cap <= 0:
