@@ -45,6 +45,9 @@ class ProxLogp(enum.Enum):
     # AReaL's approximation, no extra forward pass: p = b + α (θ - b) per token, θ detached,
     # α = clamp((v - 1 - v_b) / (v - v_b), 0, 1) (0 where v_b >= v), v = the trainer's version
     loglinear = "loglinear"
+    # p = θ of the gradient pass, detached: with one minibatch that pass runs the pre-step weights,
+    # so it IS the recomputed p (up to rounding), without the second forward
+    current = "current"
 
 
 class KLEstimator(enum.Enum):
@@ -104,10 +107,10 @@ class AlgoConfig:
         if self.dual_clip_c != 0.0 and self.dual_clip_c <= 1.0:
             raise ValueError("algo.dual_clip_c must be 0 (off) or > 1 (e.g. 3)")
         self.prox_logp = ProxLogp(self.prox_logp)
-        if self.prox_logp is ProxLogp.loglinear and not self.decoupled:
+        if self.prox_logp is not ProxLogp.recompute and not self.decoupled:
             raise ValueError(
-                "algo.prox_logp=loglinear approximates the proximal policy of decoupled PPO: "
-                "set algo.decoupled=true or leave algo.prox_logp=recompute"
+                f"algo.prox_logp={self.prox_logp.value} stands in for the proximal policy of decoupled "
+                "PPO: set algo.decoupled=true or leave algo.prox_logp=recompute"
             )
         if self.behav_weight_cap < 0:
             raise ValueError("algo.behav_weight_cap must be >= 0 (0 = no cap)")
@@ -123,6 +126,11 @@ class AlgoConfig:
             raise ValueError("algo.overlong_buffer and algo.overlong_penalty must be >= 0")
         if not 1 <= self.ppo_minibatches <= self.batch_size * self.group_size:
             raise ValueError("algo.ppo_minibatches must be in [1, algo.batch_size * algo.group_size]")
+        if self.prox_logp is ProxLogp.current and self.ppo_minibatches != 1:
+            raise ValueError(
+                "algo.prox_logp=current is the proximal policy only in the first minibatch (later ones "
+                "would have r = 1 and no trust region): set algo.ppo_minibatches=1 or algo.prox_logp=recompute"
+            )
 
     @property
     def clip_high(self) -> float:

@@ -2,7 +2,8 @@
 
 Per step: (1) proximal log-probs for every sample with the pre-step weights (a no-grad forward
 pass; skipped with algo.prox_logp=loglinear, which interpolates them per micro-batch from the
-behaviour log-probs, the current ones and the token versions: loss.py), (2) the batch is
+behaviour log-probs, the current ones and the token versions: loss.py, and with
+algo.prox_logp=current, which takes the gradient pass's own log-probs, detached), (2) the batch is
 split into `algo.ppo_minibatches` token-balanced minibatches; for each, the decoupled PPO loss
 over its balanced micro-batches with gradients accumulated, normalised by the minibatch's output
 tokens, then clip and one AdamW step. Later minibatches see a policy that already moved: the
@@ -134,7 +135,8 @@ class TorchBackend:
         budget = self.cfg.max_tokens_per_microbatch
         behav = [torch.from_numpy(s.behav_logprobs) for s in samples]
         loglinear = self.algo.decoupled and self.algo.prox_logp is ProxLogp.loglinear
-        if loglinear:
+        current = self.algo.decoupled and self.algo.prox_logp is ProxLogp.current
+        if loglinear or current:
             prox = [torch.empty(0)] * len(samples)  # filled in the gradient pass, per micro-batch
         elif self.algo.decoupled:
             with torch.no_grad():
@@ -168,6 +170,9 @@ class TorchBackend:
                         prox[i] = loglinear_prox_logp(
                             behav[i], lp, torch.from_numpy(samples[i].versions), batch.version
                         )
+                elif current:
+                    for i, lp in zip(mb, logp):
+                        prox[i] = lp.detach()
                 loss, mb_stats = ppo_loss(
                     torch.cat(logp),
                     torch.cat([prox[i] for i in mb]),

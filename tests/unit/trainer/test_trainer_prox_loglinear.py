@@ -1,5 +1,6 @@
 """algo.prox_logp=loglinear: AReaL's proximal log-probs from per-token versions, by hand (float64),
-through the loss and its gradient, and in the torch backend (no proximal forward pass)."""
+through the loss and its gradient, and in the torch backend (no proximal forward pass); and
+algo.prox_logp=current, the gradient pass's own log-probs (exact with one minibatch)."""
 
 import math
 
@@ -61,9 +62,13 @@ def test_hand_worked_loss_and_gradient_with_a_masked_and_a_fresh_token():
     assert stats.num_tokens == 5 and stats.clipped_tokens == 1
 
 
-def test_loglinear_needs_the_decoupled_loss():
+def test_loglinear_and_current_need_the_decoupled_loss_and_current_one_minibatch():
     with pytest.raises(ValueError, match=r"algo.prox_logp=loglinear.*algo.decoupled=true"):
         AlgoConfig(decoupled=False, prox_logp=ProxLogp.loglinear)
+    with pytest.raises(ValueError, match=r"algo.prox_logp=current.*algo.decoupled=true"):
+        AlgoConfig(decoupled=False, prox_logp=ProxLogp.current)
+    with pytest.raises(ValueError, match=r"algo.prox_logp=current.*algo.ppo_minibatches=1"):
+        AlgoConfig(ppo_minibatches=2, prox_logp=ProxLogp.current)
     assert AlgoConfig(prox_logp="loglinear").prox_logp is ProxLogp.loglinear  # as a string override
 
 
@@ -120,3 +125,16 @@ def test_torch_backend_interpolates_older_tokens(tiny_model_dir):
     metrics = backend.train_step(_batch(version=3, versions_behind=2))
     assert metrics["train/prox_behav_abs_diff"] > 0.1
     assert metrics["ppo/behav_weight_mean"] != pytest.approx(1.0)
+
+
+def test_current_is_the_recomputed_proximal_policy_without_its_pass(tiny_model_dir):
+    """One minibatch: the gradient pass runs the pre-step weights, so p = θ (r = 1, nothing
+    clipped) and w = e^(θ - b) as with the recompute, from one forward per micro-batch."""
+    batch = _batch(version=3, versions_behind=2)
+    current, calls = _backend(tiny_model_dir, prox_logp=ProxLogp.current)
+    got = current.train_step(batch)
+    want = _backend(tiny_model_dir)[0].train_step(batch)
+    assert len(calls) == got["train/num_microbatches"]
+    assert got["ppo/ratio_mean"] == 1.0 and got["ppo/clip_fraction"] == 0.0
+    for key in ("train/loss", "train/grad_norm", "train/prox_behav_abs_diff", "ppo/behav_weight_mean"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5), key
