@@ -55,7 +55,9 @@ def test_hand_worked_loss_and_gradient_with_a_masked_and_a_fresh_token():
     algo = AlgoConfig(batch_size=2, group_size=3, prox_logp=ProxLogp.loglinear)
     loss, stats = ppo_loss(theta, prox, behav, adv, weight, torch.arange(6), algo)
     e = math.exp
-    assert float(loss.detach()) == pytest.approx((-e(0.1) - 1.2 + e(0.2) - 2 * e(0.4) - 0.5 * e(-0.1)) / 5, rel=1e-12)
+    assert float(loss.detach()) == pytest.approx(
+        (-e(0.1) - 1.2 + e(0.2) - 2 * e(0.4) - 0.5 * e(-0.1)) / 5, rel=1e-12
+    )
     loss.backward()
     expected = [-e(0.1) / 5, 0.0, e(0.2) / 5, -2 * e(0.4) / 5, 0.0, -0.5 * e(-0.1) / 5]
     assert theta.grad.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
