@@ -9,6 +9,7 @@ when the config is validated (never silently ignored).
 from __future__ import annotations
 
 from dataclasses import fields
+from enum import Enum
 
 from areal_jobs.config.algo import AlgoConfig
 from areal_jobs.config.trainer import TrainerBackend
@@ -21,6 +22,9 @@ LIMITED: dict[str, tuple[str, ...]] = {
     # a reference model is a second frozen copy: only the torch backend keeps one (FSDP and
     # Megatron would need it sharded like the policy)
     "kl_coef": ("torch",),
+    # loglinear needs the per-token versions and the version in the loss of every micro-batch;
+    # only the torch backend carries them there (its proximal pass is the one it skips)
+    "prox_logp": ("torch",),
 }
 
 
@@ -28,12 +32,17 @@ def check_backend_support(algo: AlgoConfig, backend: TrainerBackend) -> None:
     """Raise ValueError naming the override and the backends that support it."""
     defaults = AlgoConfig()
     for name, backends in LIMITED.items():
-        value = getattr(algo, name)
-        if value != getattr(defaults, name) and backend.value not in backends:
+        value, default = getattr(algo, name), getattr(defaults, name)
+        if value != default and backend.value not in backends:
             raise ValueError(
-                f"algo.{name}={value} is not implemented by trainer={backend.value}; "
-                f"trainer={'/'.join(backends)} implements it (or leave algo.{name}={getattr(defaults, name)})"
+                f"algo.{name}={_shown(value)} is not implemented by trainer={backend.value}; "
+                f"trainer={'/'.join(backends)} implements it (or leave algo.{name}={_shown(default)})"
             )
+
+
+def _shown(value: object) -> object:
+    """An Enum as the override spells it (loglinear, not ProxLogp.loglinear)."""
+    return value.value if isinstance(value, Enum) else value
 
 
 def algo_field_names() -> list[str]:

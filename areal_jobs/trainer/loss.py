@@ -28,7 +28,7 @@ import torch
 from areal_jobs.config.algo import AlgoConfig, BehavWeightMode, KLEstimator, LossAgg
 from areal_jobs.trainer.loss_stats import LossStats
 
-__all__ = ["LossStats", "kl_estimate", "ppo_loss", "token_weights"]
+__all__ = ["LossStats", "kl_estimate", "loglinear_prox_logp", "ppo_loss", "token_weights"]
 
 
 def token_weights(masks: Sequence[np.ndarray], agg: LossAgg, max_new_tokens: int = 0) -> list[np.ndarray]:
@@ -67,6 +67,27 @@ def kl_estimate(x: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
     if estimator is KLEstimator.k2:
         return 0.5 * x * x
     return torch.exp(-x) - 1.0 + x
+
+
+def loglinear_prox_logp(
+    behav_logp: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor, trainer_version: int
+) -> torch.Tensor:
+    """AReaL's `loglinear` proximal log-probs (areal/trainer/ppo/actor.py,
+    compute_prox_logp_approximations): no forward pass, p = b + α (θ - b) per token, with
+        v_θ = trainer_version (the version the batch is trained at: AReaL's engine.get_version()),
+        v_prox = v_θ - 1, α = clamp((v_prox - v_b) / (v_θ - v_b), 0, 1), and α = 0 where
+        v_b >= v_θ (a token of the current weights: p = b) or v_b < 0 (no generation version).
+    So tokens 0 or 1 versions behind keep p = b; 2 behind get α = 1/2, 3 behind 2/3, ...
+    behav_logp, logp [T] (logp is detached here), versions int [T]. Returns logp's dtype [T].
+    """
+    dtype = logp.dtype
+    v_b = versions.to(dtype)
+    span = float(trainer_version) - v_b
+    usable = (span > 0) & (versions >= 0)
+    alpha = torch.where(usable, (span - 1.0) / torch.where(usable, span, torch.ones_like(span)), 0.0)
+    alpha = alpha.clamp(0.0, 1.0)
+    behav = behav_logp.detach().to(dtype)
+    return behav + alpha * (logp.detach() - behav)
 
 
 def _per_seq(values: torch.Tensor, seq_index: torch.Tensor, num_seqs: int) -> torch.Tensor:

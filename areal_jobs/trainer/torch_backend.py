@@ -1,6 +1,9 @@
 """Plain-torch trainer backend: a Hugging Face causal LM, one process, packed micro-batches.
 
-Per step: (1) proximal log-probs for every sample with the pre-step weights, (2) the batch is
+Per step: (1) proximal log-probs for every sample with the pre-step weights (a no-grad forward
+pass; skipped with algo.prox_logp=loglinear, which interpolates them per micro-batch from the
+behaviour log-probs, the current ones and the token versions: loss.py, and with
+algo.prox_logp=current, which takes the gradient pass's own log-probs, detached), (2) the batch is
 split into `algo.ppo_minibatches` token-balanced minibatches; for each, the decoupled PPO loss
 over its balanced micro-batches with gradients accumulated, normalised by the minibatch's output
 tokens, then clip and one AdamW step. Later minibatches see a policy that already moved: the
@@ -23,9 +26,10 @@ import torch
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config.algo import ProxLogp
 from areal_jobs.data.packing import balanced_microbatches, pack
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
+from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, token_weights
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +134,11 @@ class TorchBackend:
         lengths = [len(s.input_ids) for s in samples]
         budget = self.cfg.max_tokens_per_microbatch
         behav = [torch.from_numpy(s.behav_logprobs) for s in samples]
-        if self.algo.decoupled:
+        loglinear = self.algo.decoupled and self.algo.prox_logp is ProxLogp.loglinear
+        current = self.algo.decoupled and self.algo.prox_logp is ProxLogp.current
+        if loglinear or current:
+            prox = [torch.empty(0)] * len(samples)  # filled in the gradient pass, per micro-batch
+        elif self.algo.decoupled:
             with torch.no_grad():
                 prox: list[torch.Tensor] = [torch.empty(0)] * len(samples)
                 for mb in balanced_microbatches(lengths, budget):
@@ -157,6 +165,14 @@ class TorchBackend:
                 mb = [minibatch[j] for j in local]
                 num_micro += 1
                 logp, entropy = token_logprobs(self.model, [samples[i] for i in mb], with_entropy=True)
+                if loglinear:
+                    for i, lp in zip(mb, logp):
+                        prox[i] = loglinear_prox_logp(
+                            behav[i], lp, torch.from_numpy(samples[i].versions), batch.version
+                        )
+                elif current:
+                    for i, lp in zip(mb, logp):
+                        prox[i] = lp.detach()
                 loss, mb_stats = ppo_loss(
                     torch.cat(logp),
                     torch.cat([prox[i] for i in mb]),

@@ -44,7 +44,8 @@ CASES: dict[str, dict] = {
     "mask_truncated": dict(mask_truncated=True),
     "filter_uniform": dict(filter_uniform_groups=True),
 }
-REFUSED = {"ppo_minibatches": 2, "kl_coef": 0.1, "kl_estimator": None}  # kl_estimator acts only with kl_coef
+# kl_estimator acts only with kl_coef; prox_logp=loglinear: torch only (its proximal pass is skipped)
+REFUSED = {"ppo_minibatches": 2, "kl_coef": 0.1, "kl_estimator": None, "prox_logp": "loglinear"}
 NOT_OBJECTIVE = {"max_staleness", "batch_size", "group_size", "max_discarded_groups"}
 
 

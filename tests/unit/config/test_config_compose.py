@@ -95,7 +95,7 @@ def test_backend_refuses_knobs_it_does_not_implement():
     from areal_jobs.config.support import LIMITED
 
     for name in LIMITED:
-        value = {"ppo_minibatches": 2, "kl_coef": 0.1}[name]
+        value = {"ppo_minibatches": 2, "kl_coef": 0.1, "prox_logp": "loglinear"}[name]
         algo = AlgoConfig(**{name: value})
         JobConfig(algo=algo)  # torch implements it
         with pytest.raises(
