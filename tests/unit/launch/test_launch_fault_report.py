@@ -6,22 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_launch_simulate import SMALL  # the small 8-node profile the simulator tests use
 
 from launch.sim.engine import run_async
 from launch.sim.faults import FaultModel, compare
 from launch.sim.profile import load_profile
 from launch.simulate import main
-
-SMALL = [
-    "cluster.nodes=8",
-    "algo.batch_size=32",
-    "algo.group_size=4",
-    "algo.max_concurrent=256",
-    "lengths.median_tokens=800",
-    "lengths.max_tokens=8192",
-    "run.warmup_steps=4",
-    "run.measure_steps=4",
-]
 
 
 def test_faults_report(tmp_path, capsys):

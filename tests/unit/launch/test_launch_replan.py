@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_launch_simulate import SMALL  # the small 8-node profile the simulator tests use
 
 from launch.plan_allocation import choose_rollout_fraction
 from launch.replan import (
@@ -19,17 +20,6 @@ from launch.replan import (
 )
 from launch.sim.engine import run_async
 from launch.sim.profile import LengthModel, load_profile
-
-SMALL = [
-    "cluster.nodes=8",
-    "algo.batch_size=32",
-    "algo.group_size=4",
-    "algo.max_concurrent=256",
-    "lengths.median_tokens=800",
-    "lengths.max_tokens=8192",
-    "run.warmup_steps=4",
-    "run.measure_steps=4",
-]
 
 
 def test_fit_lengths_by_hand():
