@@ -4,15 +4,13 @@ algo.prox_logp=current, the gradient pass's own log-probs (exact with one miniba
 
 import math
 
-import numpy as np
 import pytest
 import torch
+from test_trainer_torch_backend import make_backend, make_batch
 
-from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config import AlgoConfig
 from areal_jobs.config.algo import ProxLogp
-from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.loss import loglinear_prox_logp, ppo_loss
-from areal_jobs.trainer.torch_backend import TorchBackend
 
 F64 = torch.float64
 
@@ -74,30 +72,9 @@ def test_loglinear_and_current_need_the_decoupled_loss_and_current_one_minibatch
     assert AlgoConfig(prox_logp="loglinear").prox_logp is ProxLogp.loglinear  # as a string override
 
 
-def _batch(version, versions_behind, seed=0, n=6, vocab=200):
-    rng = np.random.default_rng(seed)
-    samples = []
-    for i in range(n):
-        p, o = int(rng.integers(3, 9)), int(rng.integers(1, 20))
-        samples.append(
-            TrainSample(
-                sample_id=f"g{i // 2}/{i % 2}",
-                input_ids=rng.integers(1, vocab, p + o),
-                num_prompt_tokens=p,
-                behav_logprobs=np.full(o, -5.0, dtype=np.float32),
-                versions=np.full(o, version - versions_behind, dtype=np.int32),
-                advantage=float(rng.normal()),
-                reward=0.0,
-            )
-        )
-    return TrainBatch(version=version, samples=samples, group_ids=[f"g{i}" for i in range(n // 2)])
-
-
 def _backend(path, **algo):
-    backend = TorchBackend(
-        TrainerConfig(max_tokens_per_microbatch=64, lr=1e-3), AlgoConfig(**algo), str(path), DType.float32
-    )
-    backend.setup()
+    """The torch backend tests' backend, counting its forward passes."""
+    backend = make_backend(path, **algo)
     calls = []
     backend.model.register_forward_hook(lambda *_: calls.append(1))
     return backend, calls
@@ -107,7 +84,7 @@ def test_torch_backend_skips_the_proximal_pass(tiny_model_dir):
     """Tokens 0 or 1 versions old: α = 0, p = b, so the step is exactly standard PPO
     (algo.decoupled=false), with one forward per micro-batch instead of two."""
     for behind in (0, 1):
-        batch = _batch(version=3, versions_behind=behind)
+        batch = make_batch(version=3, versions_behind=behind)
         loglinear, calls = _backend(tiny_model_dir, prox_logp=ProxLogp.loglinear)
         got = loglinear.train_step(batch)
         naive, naive_calls = _backend(tiny_model_dir, decoupled=False)
@@ -117,14 +94,14 @@ def test_torch_backend_skips_the_proximal_pass(tiny_model_dir):
         for a, b in zip(loglinear.model.parameters(), naive.model.parameters(), strict=True):
             assert torch.equal(a, b)
     recompute, calls = _backend(tiny_model_dir)
-    metrics = recompute.train_step(_batch(version=3, versions_behind=1))
+    metrics = recompute.train_step(make_batch(version=3, versions_behind=1))
     assert len(calls) > metrics["train/num_microbatches"]  # the proximal pass ran first
 
 
 def test_torch_backend_interpolates_older_tokens(tiny_model_dir):
     """Two versions behind: α = 1/2, so |p - b| = |θ - b| / 2 > 0 and w = e^(p - b) != 1."""
     backend, _ = _backend(tiny_model_dir, prox_logp=ProxLogp.loglinear)
-    metrics = backend.train_step(_batch(version=3, versions_behind=2))
+    metrics = backend.train_step(make_batch(version=3, versions_behind=2))
     assert metrics["train/prox_behav_abs_diff"] > 0.1
     assert metrics["ppo/behav_weight_mean"] != pytest.approx(1.0)
 
@@ -132,7 +109,7 @@ def test_torch_backend_interpolates_older_tokens(tiny_model_dir):
 def test_current_is_the_recomputed_proximal_policy_without_its_pass(tiny_model_dir):
     """One minibatch: the gradient pass runs the pre-step weights, so p = θ (r = 1, nothing
     clipped) and w = e^(θ - b) as with the recompute, from one forward per micro-batch."""
-    batch = _batch(version=3, versions_behind=2)
+    batch = make_batch(version=3, versions_behind=2)
     current, calls = _backend(tiny_model_dir, prox_logp=ProxLogp.current)
     got = current.train_step(batch)
     want = _backend(tiny_model_dir)[0].train_step(batch)

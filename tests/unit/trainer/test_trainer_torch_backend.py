@@ -18,7 +18,8 @@ def make_backend(path, **algo):
     return backend
 
 
-def make_batch(seed=0, n=6, vocab=200):
+def make_batch(seed=0, n=6, vocab=200, version=0, versions_behind=0):
+    """`n` samples of random tokens trained at `version`, sampled `versions_behind` versions earlier."""
     rng = np.random.default_rng(seed)
     samples = []
     for i in range(n):
@@ -29,12 +30,12 @@ def make_batch(seed=0, n=6, vocab=200):
                 input_ids=rng.integers(1, vocab, p + o),
                 num_prompt_tokens=p,
                 behav_logprobs=np.full(o, -5.0, dtype=np.float32),
-                versions=np.zeros(o, dtype=np.int32),
+                versions=np.full(o, version - versions_behind, dtype=np.int32),
                 advantage=float(rng.normal()),
                 reward=0.0,
             )
         )
-    return TrainBatch(version=0, samples=samples, group_ids=[f"g{i}" for i in range(n // 2)])
+    return TrainBatch(version=version, samples=samples, group_ids=[f"g{i}" for i in range(n // 2)])
 
 
 def test_packed_logprobs_equal_separate_forwards(tiny_model_dir):
