@@ -28,7 +28,7 @@ from areal_jobs.transport.discovery import ServerRecord
 
 logger = logging.getLogger(__name__)
 
-MAX_UPDATE_RETRIES = 3  # per version: servers dying inside one update, again and again, end the run
+MAX_UPDATE_RETRIES = m.MAX_UPDATE_RETRIES  # per version (the protocol's bound; tests lower it here)
 
 
 class ControllerService:

@@ -30,7 +30,7 @@ _ABORT_BUDGET_S = 5.0  # abort-mode pause: how long we abort and wait before SGL
 _ABORT_RECHECK_S = 0.25  # ... and how long before aborting again (a request that arrived late)
 _FLUSH_ATTEMPTS = 40  # flush_cache refused while the scheduler still holds its last batch: retry
 _FLUSH_RETRY_S = 0.05
-_HEALTH_PROBE_S = 10.0  # after a failed stage: a server that cannot answer /health in this is lost
+_HEALTH_PROBE_S = 10.0  # after a failed stage: a server that cannot say its weight version in this is lost
 
 
 class StageError(RuntimeError):

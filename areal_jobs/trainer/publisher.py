@@ -28,9 +28,8 @@ from areal_jobs.weights.sender import StageSender
 
 logger = logging.getLogger(__name__)
 
-# The controller asks for at most 3 retries of one version (rollout/service.py MAX_UPDATE_RETRIES);
-# more would be a protocol error, not a fault to ride out.
-MAX_UPDATE_RETRIES = 3
+# more UpdateRetry for one version than the protocol allows is an error, not a fault to ride out
+MAX_UPDATE_RETRIES = m.MAX_UPDATE_RETRIES
 
 
 def gather_senders(channel: RankChannel, local: StageSender) -> tuple[WeightSender, ...]:

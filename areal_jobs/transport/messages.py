@@ -128,6 +128,11 @@ class UpdateFailed:
     error: str
 
 
+# UpdateRetry is sent at most this often for one version: servers dying inside the same update
+# again and again end the run (the controller then sends UpdateFailed; the trainer gives up too)
+MAX_UPDATE_RETRIES = 3
+
+
 @dataclass(frozen=True, slots=True)
 class UpdateRetry:
     """Controller -> trainer: servers `lost` died during the update to `version`; they left the
