@@ -53,6 +53,13 @@ def run_unprivileged(
     argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 300
 ) -> subprocess.CompletedProcess:
     """Run `argv` (a python command line, usually) as a non-root user from the repository root."""
+    blocked = _first_blocking_dir(str(REPO)) if os.geteuid() == 0 else None
+    if blocked is not None:  # the user could not even import the project: say so, not ModuleNotFoundError
+        raise RuntimeError(
+            f"{blocked} is not searchable by other users (mode {oct(os.stat(blocked).st_mode & 0o777)}), so "
+            f"the unprivileged user cannot reach the checkout {REPO}: clone it under a world-traversable "
+            f"path, or `chmod o+x {blocked}` (a `mktemp -d` clone is 0700)"
+        )
     base = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",
