@@ -23,7 +23,7 @@ import numpy as np
 from areal_jobs.api import RewardRequest, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
-from areal_jobs.data.staleness import StalenessManager
+from areal_jobs.data.staleness import StalenessManager, may_push
 from areal_jobs.rollout.generation import GenerationCounters, GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
@@ -40,6 +40,7 @@ class RolloutCounters(GenerationCounters):
     groups_pushed: int = 0
     discarded_groups: int = 0  # dynamic sampling: all-equal-reward groups dropped and replaced
     discards_in_a_row: int = 0
+    held_groups: int = 0  # finished groups held back to keep a slot for an older one (may_push)
 
 
 class RolloutController:
@@ -75,6 +76,7 @@ class RolloutController:
         self.unacked: dict[str, m.TrajectoryGroup] = {}  # pushed, not yet reported trained
         self._tasks: set[asyncio.Task] = set()
         self._wakeup = asyncio.Event()
+        self._admitted_at: dict[str, int] = {}  # group id -> version when admitted (in progress)
         self._stopping = False
         # failover, interruption and version stamping: the same path evaluation uses
         self.generation = GenerationPath(pool, self.running, lambda: self.version, self.counters)
@@ -110,6 +112,9 @@ class RolloutController:
         group_id = f"g{prompt.data_index}" + (f"r{attempt}" if attempt else "")
         states = states or [SampleState(f"{group_id}/{i}") for i in range(self.algo.group_size)]
         self.in_progress[group_id] = PartialGroup(prompt.data_index, attempt, states)
+        # its tokens are sampled under this version or later (tokens come back only when a request
+        # returns, so a long answer in flight shows none): the hold's deadlines start here
+        self._admitted_at[group_id] = self.version
         task = asyncio.create_task(
             self._run_group(prompt, attempt, group_id, states), name=f"group-{prompt.data_index}"
         )
@@ -136,6 +141,7 @@ class RolloutController:
     def on_trained(self, group_ids: tuple[str, ...]) -> None:
         for gid in group_ids:
             self.unacked.pop(gid, None)
+        self._wakeup.set()  # held groups may go now
 
     def on_expired(self, group_ids: tuple[str, ...]) -> None:
         """Groups too stale to train are generated again from the same prompt (nothing lost)."""
@@ -187,19 +193,46 @@ class RolloutController:
             self._discard(group_id)
             return
         self.counters.discards_in_a_row = 0
+        await self._hold_for_older_groups(group_id, group.oldest_version)
         # no await between here and the push's first await: a snapshot sees the group in exactly
         # one place (in progress, or retained as unacked)
         del self.in_progress[group_id]
+        self._admitted_at.pop(group_id, None)
         self.staleness.on_accepted()
         self.unacked[group_id] = group
         await self.push(group)
         self.counters.groups_pushed += 1
         self._wakeup.set()
 
+    async def _hold_for_older_groups(self, group_id: str, oldest_version: int) -> None:
+        """Wait while pushing this group would let the trainer fill the batches an older group
+        in flight must join before its deadline (data/staleness.may_push). Bounded: the group with
+        the earliest deadline always goes, and every version or trained batch re-checks."""
+        eta, held = self.algo.max_staleness, False
+        while not self._stopping:
+            others = [self._deadline(gid, g) for gid, g in self.in_progress.items() if gid != group_id]
+            if may_push(oldest_version + eta, self.version, len(self.unacked), others, self.algo.batch_size):
+                return
+            if not held:
+                held = True
+                self.counters.held_groups += 1
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+
+    def _deadline(self, group_id: str, group: PartialGroup) -> int:
+        """The last trainer version that may train `group`: its oldest token's version + eta,
+        where tokens still in flight count as sampled when the group was admitted."""
+        firsts = [min(s.versions) for s in group.samples if s.versions]
+        return min([*firsts, self._admitted_at.get(group_id, self.version)]) + self.algo.max_staleness
+
     def _discard(self, group_id: str) -> None:
         """DAPO dynamic sampling: a group without signal frees its staleness slot, so admission
         starts a new prompt in its place and every batch still has B groups with signal."""
         del self.in_progress[group_id]
+        self._admitted_at.pop(group_id, None)
         self.staleness.on_rejected()
         self.counters.discarded_groups += 1
         self.counters.discards_in_a_row += 1
@@ -286,4 +319,5 @@ class RolloutController:
             "rollout/servers_up": float(len(self.pool.up_slots)),
             "rollout/requeued_groups": float(len(self.requeued)),
             "buffer/discarded_groups": float(c.discarded_groups),
+            "buffer/held_groups": float(c.held_groups),
         }
