@@ -76,7 +76,10 @@ class RolloutController:
         self.unacked: dict[str, m.TrajectoryGroup] = {}  # pushed, not yet reported trained
         self._tasks: set[asyncio.Task] = set()
         self._wakeup = asyncio.Event()
-        self._admitted_at: dict[str, int] = {}  # group id -> version when admitted (in progress)
+        self._admitted_at: dict[str, int] = {}
+        # the trainer's version: ahead of `version` while an update is under way; the hold counts
+        # batches from it (else the batch just trained would look like free slots until it lands)
+        self.trainer_version = 0  # group id -> version when admitted (in progress)
         self._stopping = False
         # failover, interruption and version stamping: the same path evaluation uses
         self.generation = GenerationPath(pool, self.running, lambda: self.version, self.counters)
@@ -138,9 +141,12 @@ class RolloutController:
         self.version = version
         self._wakeup.set()
 
-    def on_trained(self, group_ids: tuple[str, ...]) -> None:
+    def on_trained(self, group_ids: tuple[str, ...], version: int | None = None) -> None:
+        """The trainer trained `group_ids` and now holds `version` (the servers get it next)."""
         for gid in group_ids:
             self.unacked.pop(gid, None)
+        if version is not None:
+            self.trainer_version = max(self.trainer_version, version)
         self._wakeup.set()  # held groups may go now
 
     def on_expired(self, group_ids: tuple[str, ...]) -> None:
@@ -211,7 +217,8 @@ class RolloutController:
         eta, held = self.algo.max_staleness, False
         while not self._stopping:
             others = [self._deadline(gid, g) for gid, g in self.in_progress.items() if gid != group_id]
-            if may_push(oldest_version + eta, self.version, len(self.unacked), others, self.algo.batch_size):
+            version = max(self.version, self.trainer_version)
+            if may_push(oldest_version + eta, version, len(self.unacked), others, self.algo.batch_size):
                 return
             if not held:
                 held = True

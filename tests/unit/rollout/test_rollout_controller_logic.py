@@ -269,7 +269,7 @@ def _train_until_long_group_done(ctl, server, pushed, eta, max_steps=40):
         task = asyncio.create_task(ctl.admission_loop())
         version, taken, trained, expired = 0, 0, [], []
         for _ in range(max_steps):
-            await until(lambda: len(pushed) > taken)
+            await until(lambda n=taken: len(pushed) > n)
             group = min(pushed[taken:], key=lambda g: g.oldest_version)
             pushed.remove(group)
             pushed.insert(taken, group)
@@ -279,7 +279,7 @@ def _train_until_long_group_done(ctl, server, pushed, eta, max_steps=40):
                 ctl.on_expired((group.group_id,))
             else:
                 trained.append((group.data_index, version - group.oldest_version))
-                ctl.on_trained((group.group_id,))
+                ctl.on_trained((group.group_id,), version + 1)
                 version += 1
                 server.weight_version = version
                 ctl.on_version(version)
