@@ -183,3 +183,14 @@ def test_render_message_drops_the_end_of_turn_text_the_model_already_produced(tm
     asyncio.run(ctx.generate())  # cut by length: the whole closing text is due
     assert ctx.render_message("user", "Try again.") == encode(closing + opening)
     assert PROMPT.input_ids == [1, 2]
+
+
+def test_environment_tokens_carry_the_version_current_when_appended():
+    h = Harness(Scripted([answer([3, 4]), answer([5], version=3)]))
+    ctx = h.context(EpisodeState("g/0"))
+    asyncio.run(ctx.generate())
+    h.version = 3  # an update landed between the turns
+    ctx.append([9, 9])
+    asyncio.run(ctx.generate())
+    assert ctx.state.versions == [0, 0, 3, 3, 3] and ctx.state.loss_mask == [1, 1, 0, 0, 1]
+    assert ctx.state.oldest_model_version() == 0 and (ctx.num_turns, ctx.version) == (2, 3)

@@ -5,6 +5,7 @@ from dataclasses import asdict
 import numpy as np
 
 from areal_jobs.agent.episode import EpisodeState
+from areal_jobs.trainer.batch import split_fresh
 from areal_jobs.transport import messages as m
 
 
@@ -65,3 +66,6 @@ def test_environment_tokens_before_any_model_token_do_not_decide_freshness():
     )
     group = m.TrajectoryGroup("g", 0, np.array([1], np.int32), (s, plain))
     assert (group.oldest_version, group.newest_version) == (4, 6)
+    # trainer at version 6, eta 2: fresh by its model tokens (6 - 4 = 2), though a token says 1
+    fresh, expired = split_fresh([group], trainer_version=6, max_staleness=2)
+    assert fresh == [group] and expired == []
