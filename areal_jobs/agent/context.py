@@ -129,7 +129,9 @@ class EpisodeContext:
             self._cursor += 1
             return self._turn(event)
         turn_start = event[1] if event is not None else len(self.state.output_ids)
-        limit = min(max_new_tokens or self._services.max_new_tokens, self._episode_budget() - turn_start)
+        limit = max_new_tokens or self._services.max_new_tokens
+        if self.config.max_episode_tokens:  # all episode tokens, environment ones included
+            limit = min(limit, self.config.max_episode_tokens - turn_start)
         index = self.num_turns  # model turns before this one
         rid = self._rid if index == 0 else f"{self._rid}-t{index}"
         await self._services.generate(rid, self.prompt.input_ids, self.state, max(limit, 0), stop)
@@ -207,10 +209,6 @@ class EpisodeContext:
                 f"{event[0]!r} (workflows must be deterministic: agent/context.py)"
             )
         return event
-
-    def _episode_budget(self) -> int:
-        cap = self.config.max_episode_tokens
-        return cap if cap > 0 else self.config.max_turns * self._services.max_new_tokens
 
     def _turn(self, event: list) -> Turn:
         ids = self.state.span(event)

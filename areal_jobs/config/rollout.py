@@ -33,9 +33,9 @@ class WorkflowConfig:
     name: str = "single_turn"  # a WORKFLOW_NAMES entry, or "module:function" of your own workflow
     max_turns: int = 3  # multi-turn workflows: model turns per episode
     turn_discount: float = 0.5  # multi_turn_math: reward of a right answer at turn t = discount**t
-    max_episode_tokens: int = (
-        0  # all episode tokens (model + environment); 0 = max_turns * rollout.max_new_tokens
-    )
+    # cap on all episode tokens (model + environment: the trainer's sequence is prompt + these);
+    # 0 = none beyond max_turns * rollout.max_new_tokens model tokens (each turn's own cap)
+    max_episode_tokens: int = 0
     max_tool_calls: int = 4
     tool_timeout_s: float = 5.0
     tool_output_chars: int = 512  # a tool's result is cut to this many characters
