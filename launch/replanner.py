@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.replanner", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", type=Path, help="the job's run directory (runs/<run.name>)")
     p.add_argument("--poll-s", type=float, default=10.0, help="how often to read metrics.jsonl")
+    p.add_argument("--from-start", action="store_true", help="re-plan the steps already logged too")
     args = p.parse_args(argv)
     setup_logging("launch")
     job = load_job_config(args.run_dir / "config.yaml")
@@ -276,11 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         job_profile(job, shape), shape, job.cluster.replan_every_steps, lambda: nodes, sink, job.cluster,
         advise if job.cluster.autoscale else None,
     )  # fmt: skip
-    seen = len(read_jsonl(args.run_dir / "metrics.jsonl"))  # re-plan what comes from now on
-    while not (args.run_dir / "summary.json").exists():
+    seen = 0 if args.from_start else len(read_jsonl(args.run_dir / "metrics.jsonl"))
+    while True:
+        done = (args.run_dir / "summary.json").exists()  # before the last read: no row is missed
         rows = read_jsonl(args.run_dir / "metrics.jsonl")
         replanner.observe(rows[seen:])
         seen = len(rows)
+        if done:
+            break
         time.sleep(args.poll_s)
     sink.close()
     return 0
