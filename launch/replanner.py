@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 import math
 import sys
@@ -54,6 +55,23 @@ class PoolShape:
     gpus_per_node: int
     servers_per_node: int
     gpus_per_server: int
+
+
+class RunMetrics:
+    """Appends plan/* rows to the run's metrics.jsonl, one open-write-close per row: the trainer
+    replaces the file when it resumes (truncate_jsonl), so a handle held open could write into the
+    replaced copy. One O_APPEND write per row keeps rows whole beside the trainer's own."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        pass
 
 
 def measure(rows: list[dict[str, float]], rollout_fraction: float, shape: PoolShape) -> Measurement | None:
@@ -205,7 +223,6 @@ def local_shape(job: JobConfig) -> PoolShape:
 def local_replanner(job: JobConfig, run_dir: Path) -> Replanner | None:
     """launch.local's re-planner (None with cluster.replan_every_steps=0). Its pool is the servers
     asked for (scale.json, else rollout.num_servers); autoscale writes scale.json, as `make scale`."""
-    from areal_jobs.metrics import JsonlSink
     from launch.elastic import read_target, write_target
 
     c = job.cluster
@@ -224,8 +241,7 @@ def local_replanner(job: JobConfig, run_dir: Path) -> Replanner | None:
         )
         write_target(run_dir, d.target_nodes)
 
-    # appends to the trainer's metrics.jsonl: one O_APPEND line per write, rows stay whole
-    sink = JsonlSink(run_dir / "metrics.jsonl")
+    sink = RunMetrics(run_dir / "metrics.jsonl")
     return Replanner(
         job_profile(job, shape), shape, c.replan_every_steps, servers, sink, c, scale if c.autoscale else None
     )
@@ -250,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     and with cluster.autoscale=true the `make scale` command that carries out a change."""
     from areal_jobs.config import load_job_config
     from areal_jobs.logs import setup_logging
-    from areal_jobs.metrics import JsonlSink, read_jsonl
+    from areal_jobs.metrics import read_jsonl
 
     p = argparse.ArgumentParser(prog="python -m launch.replanner", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", type=Path, help="the job's run directory (runs/<run.name>)")
@@ -272,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             args.run_dir, d.change,
         )  # fmt: skip
 
-    sink = JsonlSink(args.run_dir / "metrics.jsonl")
+    sink = RunMetrics(args.run_dir / "metrics.jsonl")
     replanner = Replanner(
         job_profile(job, shape), shape, job.cluster.replan_every_steps, lambda: nodes, sink, job.cluster,
         advise if job.cluster.autoscale else None,
@@ -286,7 +302,6 @@ def main(argv: list[str] | None = None) -> int:
         if done:
             break
         time.sleep(args.poll_s)
-    sink.close()
     return 0
 
 

@@ -21,9 +21,18 @@ from areal_jobs.config import (
     to_job_config,
 )
 from areal_jobs.data.answer_lengths import LengthStats
-from areal_jobs.metrics import JsonlSink, read_jsonl
+from areal_jobs.metrics import read_jsonl
 from launch.elastic import read_target
-from launch.replanner import PoolShape, Replanner, job_profile, local_replanner, main, measure, slurm_shape
+from launch.replanner import (
+    PoolShape,
+    Replanner,
+    RunMetrics,
+    job_profile,
+    local_replanner,
+    main,
+    measure,
+    slurm_shape,
+)
 
 CONF = str(Path(__file__).resolve().parents[3] / "conf")
 GROUPS = ((10, 10), (1000, 1000))  # median exp((ln 10 + ln 1000) / 2) = 100 tokens
@@ -67,7 +76,7 @@ def test_measure_by_hand():
 def replanner(tmp_path: Path, nodes: int, every: int = 2, act=None, **cluster) -> Replanner:
     job = JobConfig(cluster=ClusterConfig(**cluster))
     return Replanner(
-        job_profile(job, SHAPE), SHAPE, every, lambda: nodes, JsonlSink(tmp_path / "metrics.jsonl"),
+        job_profile(job, SHAPE), SHAPE, every, lambda: nodes, RunMetrics(tmp_path / "metrics.jsonl"),
         job.cluster, act,
     )  # fmt: skip
 
@@ -182,3 +191,15 @@ def test_slurm_replanner_logs_the_scale_command(tmp_path, caplog, monkeypatch):
     target = int(plan["plan/autoscale_target_nodes"])
     assert 6 < target <= 10
     assert f"make scale RUN={tmp_path} ROLLOUT_NODES=+{target - 6}" in caplog.text
+
+
+def test_plan_rows_land_in_the_file_a_resuming_trainer_rewrote(tmp_path):
+    from areal_jobs.checkpoint import truncate_jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "reward/mean": 0.0}) + "\n" + json.dumps({"step": 9}) + "\n")
+    r = local_replanner(JobConfig(cluster=ClusterConfig(replan_every_steps=2)), tmp_path)
+    truncate_jsonl(path, 1)  # the trainer resumes from step 1 after the launcher built its re-planner
+    r.observe([row(s, 100.0, 4.0, 1.0, 1000.0) for s in (2, 3)])
+    steps = [(x["step"], "plan/expected_gain" in x) for x in read_jsonl(path)]
+    assert steps == [(1, False), (3, True)]
