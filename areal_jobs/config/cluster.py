@@ -62,12 +62,10 @@ class ClusterConfig:
     # lengths go into `allocation_profile` and plan/* metrics are logged; 0 = off
     replan_every_steps: int = 20
     autoscale: bool = False  # act on the re-plan: grow or shrink the rollout pool (local: servers)
-    autoscale_max_nodes: int = (
-        0  # most rollout nodes (local: servers) autoscale may run; needed with autoscale
-    )
-    autoscale_min_gain: float = (
-        0.1  # act only for >= 10% more trained tok/s (grow) or tok/s per node (shrink)
-    )
+    # most rollout nodes (local: servers) autoscale may run; needed with autoscale
+    autoscale_max_nodes: int = 0
+    # act only for >= 10% more trained tok/s (grow) or trained tok/s per node (shrink)
+    autoscale_min_gain: float = 0.1
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
