@@ -58,6 +58,7 @@ def test_autoscale_adds_a_server_that_receives_work(tmp_path, tiny_model_dir, re
         f"cluster.allocation_profile={ROLLOUT_BOUND}",
     )  # fmt: skip
     try:
+        wait_for_steps(run_dir, 1, proc)  # controller.log exists from here on
         wait_for_log(run_dir, r"server 1 joins the job at ", proc, timeout_s=900)
         assert json.loads((run_dir / "scale.json").read_text()) == {"num_servers": 2}
         joined = wait_for_log(run_dir, r"servers \[1\] rejoin at version (\d+)", proc)
