@@ -260,7 +260,8 @@ def slurm_shape(job: JobConfig) -> tuple[PoolShape, int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Follow a SLURM job's metrics.jsonl until summary.json appears; log and record each re-plan,
-    and with cluster.autoscale=true the `make scale` command that carries out a change."""
+    and with cluster.autoscale=true the `make scale` command that carries out a change. The pool
+    it counts is the job's plan (rollout nodes added or removed by hand are not seen)."""
     from areal_jobs.config import load_job_config
     from areal_jobs.logs import setup_logging
     from areal_jobs.metrics import read_jsonl
