@@ -43,6 +43,7 @@ from areal_jobs.metrics import read_jsonl
 from areal_jobs.report import final_line, length_table
 from launch.elastic import SCALE_FILE, ServerSet
 from launch.placement import colocated_schedule
+from launch.replanner import Replanner, local_replanner
 
 logger = logging.getLogger("launch.local")
 
@@ -206,9 +207,10 @@ def launch(cfg: JobConfig) -> int:
         "controller", "areal_jobs.rollout.main", config_path, env, logs / "controller.log"
     )
     trainers = start_trainers(cfg, config_path, env, logs)
+    replanner = local_replanner(cfg, run_dir)
     on_sigterm_interrupt()
     try:
-        failed = _watch(servers, controller, trainers, run_dir, cfg.trainer.total_steps)
+        failed = _watch(servers, controller, trainers, run_dir, cfg.trainer.total_steps, replanner)
     except KeyboardInterrupt:
         failed = "interrupted"
     finally:
@@ -232,7 +234,12 @@ def launch(cfg: JobConfig) -> int:
 
 
 def _watch(
-    servers: ServerSet, controller: Role, trainers: list[Role], run_dir: Path, total_steps: int
+    servers: ServerSet,
+    controller: Role,
+    trainers: list[Role],
+    run_dir: Path,
+    total_steps: int,
+    replanner: Replanner | None = None,
 ) -> str | None:
     """Progress bar until the trainer exits; heals and scales the servers; returns why the run failed.
 
@@ -269,6 +276,8 @@ def _watch(
             if changed:
                 _write_pids(run_dir, [*servers.roles, controller, *trainers])
             rows = read_jsonl(run_dir / "metrics.jsonl")
+            if replanner is not None:
+                replanner.observe(rows[seen:])
             for row in rows[seen:]:
                 postfix.update(_postfix(row))
                 if "train/version" in row:

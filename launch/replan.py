@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from areal_jobs.data.answer_lengths import LengthStats
 from launch.plan_allocation import choose_rollout_fraction
 from launch.sim.engine import SimResult, run_async
 from launch.sim.profile import LengthModel, SimProfile
@@ -29,19 +30,31 @@ from launch.sim.profile import LengthModel, SimProfile
 
 @dataclass(frozen=True)
 class Measurement:
-    """What the controller and the trainer measured over the last window of steps."""
+    """What the controller and the trainer measured over the last window of steps. The answer
+    lengths come as groups (`answer_lengths`) or as their statistics (`length_stats`: what the
+    metrics stream carries, launch/replanner.py); weight sync and prompt length replace the
+    profile's when measured."""
 
     rollout_fraction: float  # the split the run has now
     gen_tokens_per_s_per_gpu: float  # decode tokens/s of one rollout GPU
     gen_batch_per_gpu: float  # mean concurrent sequences per rollout GPU while it was measured
     train_tokens_per_s_per_gpu: float  # prompt + output tokens/s of one trainer GPU
-    answer_lengths: tuple[tuple[int, ...], ...]  # output tokens of each answer, one tuple per prompt
+    answer_lengths: tuple[tuple[int, ...], ...] = ()  # output tokens of each answer, one tuple per prompt
+    length_stats: LengthStats | None = None  # instead of answer_lengths
+    weight_sync_s: float | None = None  # measured pause + broadcast + reload per step
+    prompt_tokens: float | None = None  # measured mean prompt length
 
     def __post_init__(self) -> None:
         if min(self.gen_tokens_per_s_per_gpu, self.gen_batch_per_gpu, self.train_tokens_per_s_per_gpu) <= 0:
             raise ValueError("measured throughputs and batch must be > 0 (measure at least one step)")
-        if not self.answer_lengths or any(len(g) == 0 for g in self.answer_lengths):
-            raise ValueError("answer_lengths needs at least one non-empty group")
+        if self.length_stats is None and (
+            not self.answer_lengths or any(len(g) == 0 for g in self.answer_lengths)
+        ):
+            raise ValueError("answer_lengths needs at least one non-empty group (or give length_stats)")
+
+    @property
+    def lengths(self) -> LengthStats:
+        return self.length_stats or LengthStats.of_groups(self.answer_lengths)
 
 
 @dataclass(frozen=True)
@@ -63,21 +76,18 @@ class Recommendation:
 
 
 def fit_lengths(groups: tuple[tuple[int, ...], ...], base: LengthModel) -> LengthModel:
-    """The profile's lognormal length model fitted to measured groups: median from the mean log,
-    sample_sigma from the pooled spread inside groups, prompt_sigma from the spread of group means
-    less what the sample spread puts there (var / G). Clip bounds stay the base's."""
-    logs = [np.log(np.maximum(np.asarray(g, dtype=float), 1.0)) for g in groups]
-    within = sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
-    dof = sum(len(x) - 1 for x in logs)
-    sample_var = within / dof if dof > 0 else 0.0
-    means = np.array([x.mean() for x in logs])
-    mean_size = float(np.mean([len(x) for x in logs]))
-    prompt_var = max(0.0, float(means.var()) - sample_var / mean_size)
-    median = float(np.exp(np.concatenate(logs).mean()))
+    """The profile's lognormal length model fitted to measured groups (fit_length_stats)."""
+    return fit_length_stats(LengthStats.of_groups(groups), base)
+
+
+def fit_length_stats(stats: LengthStats, base: LengthModel) -> LengthModel:
+    """Median from the mean log, sample_sigma from the pooled spread inside groups, prompt_sigma
+    from the spread of group means less what the sample spread puts there (var / G). Clip bounds
+    stay the base's."""
     return LengthModel(
-        median_tokens=min(max(median, base.min_tokens), base.max_tokens),
-        prompt_sigma=math.sqrt(prompt_var),
-        sample_sigma=math.sqrt(sample_var),
+        median_tokens=min(max(math.exp(stats.log_mean), base.min_tokens), base.max_tokens),
+        prompt_sigma=math.sqrt(stats.prompt_var),
+        sample_sigma=math.sqrt(stats.log_var_within),
         min_tokens=base.min_tokens,
         max_tokens=base.max_tokens,
         prompt_tokens=base.prompt_tokens,
@@ -91,7 +101,11 @@ def measured_profile(base: SimProfile, m: Measurement) -> SimProfile:
     scale = m.gen_tokens_per_s_per_gpu / base.rollout.gpu_tokens_per_s(m.gen_batch_per_gpu)
     p.rollout.tokens_per_s = [v * scale for v in base.rollout.tokens_per_s]
     p.trainer.tokens_per_s_per_gpu = m.train_tokens_per_s_per_gpu
-    p.lengths = fit_lengths(m.answer_lengths, base.lengths)
+    p.lengths = fit_length_stats(m.lengths, base.lengths)
+    if m.prompt_tokens is not None:
+        p.lengths.prompt_tokens = max(1, round(m.prompt_tokens))
+    if m.weight_sync_s is not None:
+        p.trainer.weight_sync_s = m.weight_sync_s
     p.cluster.rollout_fraction = m.rollout_fraction
     p.__post_init__()
     return p

@@ -58,6 +58,14 @@ class ClusterConfig:
     loopback: bool = False  # every fake node is this host (local_slurm tests): use 127.0.0.1
     requeue_signal_s: int = 300  # --signal=B:USR1@<s>: checkpoint and requeue before the limit
     nccl_env: dict[str, str] = field(default_factory=dict)  # NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...
+    # online re-planning (launch/replanner.py): every N trained steps the measured speeds and answer
+    # lengths go into `allocation_profile` and plan/* metrics are logged; 0 = off
+    replan_every_steps: int = 20
+    autoscale: bool = False  # act on the re-plan: grow or shrink the rollout pool (local: servers)
+    # most rollout nodes (local: servers) autoscale may run; needed with autoscale
+    autoscale_max_nodes: int = 0
+    # act only for >= 10% more trained tok/s (grow) or trained tok/s per node (shrink)
+    autoscale_min_gain: float = 0.1
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -78,9 +86,25 @@ class ClusterConfig:
             raise ValueError("cluster.requeue_signal_s must be in [0, 65535] (0 = no USR1 before the limit)")
         if not 0 < self.master_port < 65536:
             raise ValueError("cluster.master_port must be a TCP port in [1, 65535]")
+        self._check_autoscale()
         bad = [key for key in self.nccl_env if not _ENV_NAME.match(key)]
         if bad:
             raise ValueError(f"cluster.nccl_env has keys that are not environment variable names: {bad}")
+
+    def _check_autoscale(self) -> None:
+        if self.replan_every_steps < 0:
+            raise ValueError("cluster.replan_every_steps must be >= 0 (0 = no online re-planning)")
+        if self.autoscale_min_gain < 0:
+            raise ValueError("cluster.autoscale_min_gain must be >= 0, e.g. cluster.autoscale_min_gain=0.1")
+        if self.autoscale_max_nodes < 0:
+            raise ValueError("cluster.autoscale_max_nodes must be >= 0")
+        if self.autoscale and self.replan_every_steps == 0:
+            raise ValueError("cluster.autoscale=true acts on the re-plan: set cluster.replan_every_steps=20")
+        if self.autoscale and self.autoscale_max_nodes < 1:
+            raise ValueError(
+                "cluster.autoscale=true needs a ceiling: set cluster.autoscale_max_nodes=N "
+                "(rollout nodes; rollout servers on cluster=local)"
+            )
 
     @property
     def rollout_fraction_auto(self) -> bool:

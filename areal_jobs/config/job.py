@@ -11,7 +11,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from areal_jobs.config.algo import AlgoConfig
-from areal_jobs.config.cluster import ClusterConfig, LaunchConfig
+from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig
 from areal_jobs.config.data import DataConfig, ModelConfig
 from areal_jobs.config.reward import RewardConfig
 from areal_jobs.config.rollout import RolloutConfig
@@ -83,6 +83,12 @@ class JobConfig:
         check_backend_support(self.algo, self.trainer.backend)
         if self.algo.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError("algo.overlong_buffer must be < rollout.max_new_tokens")
+        c = self.cluster
+        if c.autoscale and c.kind is ClusterKind.local and c.autoscale_max_nodes < self.rollout.num_servers:
+            raise ValueError(
+                f"cluster.autoscale_max_nodes={c.autoscale_max_nodes} is below rollout.num_servers="
+                f"{self.rollout.num_servers}: raise it (on cluster=local it counts rollout servers)"
+            )
 
 
 def register_configs() -> None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from areal_jobs.api import TrainBackend
 from areal_jobs.config import AlgoConfig
+from areal_jobs.data.answer_lengths import LengthStats
 from areal_jobs.metrics import MetricsSink
 from areal_jobs.trainer.batch import TrainBatch, assemble, split_fresh
 from areal_jobs.trainer.inbox import Inbox
@@ -108,6 +109,9 @@ class TrainLoop:
                 "time/publish_s": t_end - t_train,
                 "time/step_s": t_end - t0,
                 "throughput/trained_tokens_per_s": batch.num_output_tokens / max(t_end - t0, 1e-9),
+                # prompt + output tokens per second of compute: the trainer's speed (re-planning)
+                "throughput/train_tokens_per_s": sum(len(s.input_ids) for s in batch.samples)
+                / max(t_train - t_batch, 1e-9),
                 "buffer/groups_waiting": float(len(self.inbox.groups)),
                 "buffer/expired_groups": float(self.expired_groups),
                 "train/version": float(self.version),
@@ -167,6 +171,11 @@ class TrainLoop:
             "staleness/max": float(lag.max()) if lag.size else 0.0,
             "gen/len_mean": float(lengths.mean()),
             "gen/len_max": float(lengths.max()),
+            "gen/len_p50": float(np.percentile(lengths, 50)),
+            "gen/len_p90": float(np.percentile(lengths, 90)),
+            "gen/prompt_len_mean": float(np.mean([len(g.prompt_ids) for g in groups])),
+            # what launch/replanner.py fits the simulator's length model to
+            **LengthStats.of_groups([[s.num_tokens for s in g.samples] for g in groups]).metrics(),
             "gen/interrupted_samples": float(sum(s.num_interruptions > 0 for s in samples)),
             "gen/truncated_samples": float(sum(s.finish_reason == "length" for s in samples)),
             "gen/truncation_rate": float(np.mean([s.finish_reason == "length" for s in samples])),
