@@ -77,6 +77,9 @@ class EpisodeServices:
     score: Callable[[RewardRequest], Awaitable[RewardResult]]
     max_new_tokens: int  # rollout.max_new_tokens: one turn's default cap
     call_tool: ToolRunner | None = None  # None: areal_jobs.agent.tools.call_tool in the sandbox
+    # the model's context (config.json max_position_embeddings): prompt + episode + a turn fit in
+    # it, or the server refuses the request; 0 = unbounded
+    max_context_tokens: int = 0
 
 
 class EpisodeContext:
@@ -132,6 +135,8 @@ class EpisodeContext:
         limit = max_new_tokens or self._services.max_new_tokens
         if self.config.max_episode_tokens:  # all episode tokens, environment ones included
             limit = min(limit, self.config.max_episode_tokens - turn_start)
+        if self._services.max_context_tokens:  # a turn that does not fit ends by length at once
+            limit = min(limit, self._services.max_context_tokens - len(self.prompt.input_ids) - turn_start)
         index = self.num_turns  # model turns before this one
         rid = self._rid if index == 0 else f"{self._rid}-t{index}"
         await self._services.generate(rid, self.prompt.input_ids, self.state, max(limit, 0), stop)

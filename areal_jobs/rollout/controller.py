@@ -65,6 +65,7 @@ class RolloutController:
         stop_token_ids: tuple[int, ...] = (),
         text: EpisodeText | None = None,
         call_tool: ToolRunner | None = None,
+        max_context_tokens: int = 0,
     ) -> None:
         self.rollout = rollout
         self.algo = algo
@@ -106,6 +107,7 @@ class RolloutController:
             score=self._score_one,
             max_new_tokens=rollout.max_new_tokens,
             call_tool=call_tool,
+            max_context_tokens=max_context_tokens,
         )
         self.fatal: BaseException | None = None  # a group task's unexpected error ends the run
         # request ids stay unique on a server that outlives this controller (restart, resume)

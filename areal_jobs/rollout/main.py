@@ -72,6 +72,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         cfg.rollout, cfg.algo, pool, scorer, prompts.stream,
         decode=tokenizer.decode, push=channel.push_group, stop_token_ids=tokenizer.stop_token_ids,
         text=EpisodeText(tokenizer.encode, tokenizer.decode, tokenizer.decode_raw, prompts.format.message_texts),
+        max_context_tokens=_context_tokens(model_dir),
     )  # fmt: skip
     orchestrator = WeightUpdateOrchestrator(pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s)
     service = ControllerService(
@@ -113,6 +114,14 @@ def _write_final_state(run_dir: Path, controller: RolloutController) -> None:
         "requeued": sorted(i for i, _ in snap.requeued),
     }
     (run_dir / "rollout_final.json").write_text(json.dumps(state, indent=2))
+
+
+def _context_tokens(model_dir: str) -> int:
+    """The model's context length (multi-turn episodes stop a turn there); 0 = not stated."""
+    config = Path(model_dir) / "config.json"
+    if not config.exists():
+        return 0
+    return int(json.loads(config.read_text()).get("max_position_embeddings") or 0)
 
 
 def _controller_ports(cfg: JobConfig, run_dir: Path, host: str) -> tuple[int, int]:

@@ -7,12 +7,14 @@ a fresh controller, replaying turn 1 and continuing turn 2 from its saved tokens
 
 The session's tiny model is randomly initialised (tests/conftest.py), so its turns mostly run to
 the token limit and every answer is wrong: each episode has max_turns = 3 model turns. Each test
-first publishes the original weights at its own version (another file may have changed them).
+first publishes the original weights as version 0 (another file may have changed them; the
+controllers start at version 0 too, so staleness admits one group of batch 1 at a time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 
 import numpy as np
@@ -129,7 +131,7 @@ def sampled(sglang_server, world):
     async def go():
         caster = Broadcaster(sglang_server)
         try:
-            await caster.publish(world["weights"], version=10)
+            await caster.publish(world["weights"], version=0)
             client = Recording(caster.pool.slots[0].client)
             caster.pool.slots[0].client = client
             pushed = []
@@ -162,7 +164,7 @@ def test_a_3_turn_episode_masks_exactly_the_model_tokens(sampled, world):
             inputs[1] == prompt + turns[0] + feedback
             and inputs[2] == prompt + s.output_ids.tolist()[: -len(turns[2])]
         )
-        assert np.all(s.logprobs[s.loss_mask == 0] == 0.0) and s.versions.tolist() == [10] * s.num_tokens
+        assert np.all(s.logprobs[s.loss_mask == 0] == 0.0) and s.versions.tolist() == [0] * s.num_tokens
 
 
 def test_trainer_logprobs_match_the_server_on_every_model_token(sampled, world, record_property):
@@ -192,19 +194,19 @@ def cut_turn_2(request) -> bool:
 def test_an_update_inside_turn_2_continues_the_episode_under_the_new_version(sglang_server, world):
     async def go():
         caster = Broadcaster(sglang_server)
-        await caster.publish(world["weights"], version=20)
+        await caster.publish(world["weights"], version=0)
         pushed, updates = [], []
 
         async def update():
-            await caster.publish(world["weights"], version=21)  # the real handshake, same weights
-            ctl.on_version(21)
+            await caster.publish(world["weights"], version=1)  # the real handshake, same weights
+            ctl.on_version(1)
             ctl.running.set()
 
         async def hook(inner, request):
             if updates or not cut_turn_2(request):  # once: later groups run on untouched
                 return None
             r = await inner.generate(dataclasses.replace(request, max_new_tokens=CUT))
-            assert r.finish_reason is FinishReason.length and r.weight_version == 20
+            assert r.finish_reason is FinishReason.length and r.weight_version == 0
             ctl.running.clear()  # the controller sends nothing until the update is done
             updates.append(asyncio.create_task(update()))
             return GenerateResponse(r.output_ids, r.logprobs, FinishReason.abort, r.weight_version)
@@ -212,7 +214,6 @@ def test_an_update_inside_turn_2_continues_the_episode_under_the_new_version(sgl
         client = Recording(caster.pool.slots[0].client, hook)
         caster.pool.slots[0].client = client
         ctl = controller(world, caster.pool, 1, 1e-5, pushed)
-        ctl.version = 20
         try:
             group = await run_until_pushed(ctl, pushed)
             await asyncio.gather(*updates)
@@ -225,16 +226,16 @@ def test_an_update_inside_turn_2_continues_the_episode_under_the_new_version(sgl
     turn_1 = calls[0][1].output_ids
     before = len(turn_1) + len(world["feedback"]) + CUT  # turn 1, the feedback, turn 2's first CUT tokens
     assert s.num_interruptions == 1 and s.num_turns == 3
-    assert s.versions.tolist() == [20] * before + [21] * (s.num_tokens - before)
+    assert s.versions.tolist() == [0] * before + [1] * (s.num_tokens - before)
     continuation = next(req for req, _ in calls if req.rid.endswith("-t1.1"))
     assert continuation.input_ids == world["prompt"].input_ids + s.output_ids.tolist()[:before]
-    assert continuation.cache_salt == "v21" and continuation.max_new_tokens == MAX_NEW - CUT
+    assert continuation.cache_salt == "v1" and continuation.max_new_tokens == MAX_NEW - CUT
 
 
 def test_a_checkpoint_inside_turn_2_resumes_in_a_fresh_controller(sglang_server, world, tmp_path):
     async def first():
         caster = Broadcaster(sglang_server)
-        await caster.publish(world["weights"], version=30)
+        await caster.publish(world["weights"], version=0)
         pushed, snaps = [], []
 
         async def hook(inner, request):
@@ -247,7 +248,6 @@ def test_a_checkpoint_inside_turn_2_resumes_in_a_fresh_controller(sglang_server,
 
         caster.pool.slots[0].client = Recording(caster.pool.slots[0].client, hook)
         ctl = controller(world, caster.pool, 1, 1e-5, pushed)
-        ctl.version = 30
         try:
             return await run_until_pushed(ctl, pushed), snaps[0]
         finally:
@@ -256,13 +256,13 @@ def test_a_checkpoint_inside_turn_2_resumes_in_a_fresh_controller(sglang_server,
     reference, snap = asyncio.run(first())
     save_snapshot(snap, tmp_path)
     loaded = load_snapshot(tmp_path)
-    (saved,) = loaded.partial[0].samples
+    saved = copy.deepcopy(loaded.partial[0].samples[0])  # the resumed controller goes on in place
     assert [e[0] for e in saved.events] == ["model", "env", "model"] and saved.events[-1][3] == ""
     assert saved.events[-1][2] - saved.events[-1][1] == CUT
 
     async def second():
         caster = Broadcaster(sglang_server)
-        await caster.publish(world["weights"], version=30)
+        await caster.publish(world["weights"], version=0)
         client = Recording(caster.pool.slots[0].client)
         caster.pool.slots[0].client = client
         pushed = []

@@ -3,6 +3,7 @@ mask, per-token versions across an interruption, replay on resume, and the built
 
 import asyncio
 import copy
+from dataclasses import replace
 
 import pytest
 
@@ -168,8 +169,6 @@ def test_render_message_drops_the_end_of_turn_text_the_model_already_produced(tm
     assert closing == "<|im_end|>\n"
     assert opening == "<|im_start|>user\nTry again.<|im_end|>\n<|im_start|>assistant\n"
 
-    from dataclasses import replace
-
     from areal_jobs.agent.context import EpisodeText
 
     words = {0: "<|im_end|>", 3: "six"}
@@ -194,3 +193,17 @@ def test_environment_tokens_carry_the_version_current_when_appended():
     asyncio.run(ctx.generate())
     assert ctx.state.versions == [0, 0, 3, 3, 3] and ctx.state.loss_mask == [1, 1, 0, 0, 1]
     assert ctx.state.oldest_model_version() == 0 and (ctx.num_turns, ctx.version) == (2, 3)
+
+
+def test_a_turn_stops_at_the_model_s_context():
+    # context 7 = prompt 2 + turn 1 (2) + user (2): 1 token is left for turn 2
+    server = Scripted([answer([3, 4], LENGTH), answer([8])])
+    h = Harness(server)
+    h.services = replace(h.services, max_context_tokens=2 + 5)
+    ctx = h.context(EpisodeState("g/0"))
+    asyncio.run(ctx.generate(max_new_tokens=2))
+    ctx.append([9, 9])
+    asyncio.run(ctx.generate())
+    assert [r.max_new_tokens for r in server.requests] == [2, 1]
+    turn = asyncio.run(ctx.generate())  # nothing fits: ends by length without a request
+    assert (turn.token_ids, turn.finish_reason, len(server.requests)) == ([], "length", 2)
