@@ -25,7 +25,6 @@ import secrets
 
 from aiohttp import web
 
-from areal_jobs.agent.chat_format import ChatFormat
 from areal_jobs.agent.endpoint_session import MODEL_NAME, AgentSession, Episode, RequestError
 
 logger = logging.getLogger(__name__)
@@ -74,9 +73,10 @@ class AgentEndpoint:
             await self._runner.cleanup()
             self._runner = None
 
-    def open(self, ctx: Episode, chat: ChatFormat, max_turns: int) -> AgentSession:
+    def open(self, ctx: Episode, decode_raw, prompt_messages: list[dict], max_turns: int) -> AgentSession:
+        """A new session for the episode of `ctx`; the agent gets `base_url(session.sid)`."""
         sid = secrets.token_hex(16)
-        session = AgentSession(sid, ctx, chat, max_turns)
+        session = AgentSession(sid, ctx, decode_raw, prompt_messages, max_turns)
         self.sessions[sid] = session
         return session
 
