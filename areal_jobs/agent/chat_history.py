@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NEW_MESSAGE_ROLES = ("user", "tool")  # what ctx.render_message renders after a model turn
-_SENTINEL = "\x00areal-user-turn\x00"  # never in a dataset's text
+USER_SENTINEL = "\x00areal-user-turn\x00"  # a user message content never in a dataset: marks where it goes
 
 
 class HistoryMismatch(ValueError):
@@ -115,12 +115,12 @@ _RULE = (
 def prompt_messages(prompt_text: str, user_opening: str, fallback: str) -> list[dict]:
     """The chat messages an agent gets for a prompt already rendered to `prompt_text`.
 
-    `user_opening` is how the template renders a user message whose content is _SENTINEL (with
+    `user_opening` is how the template renders a user message whose content is USER_SENTINEL (with
     the next generation prompt): the prompt ends the same way around the user's text, which is
     cut out. Where it does not (raw prompts, a template that rewrites the user's text), the user
     message is `fallback` (the prompt's text without special tokens). The system block, if any,
     stays in the prompt's tokens: it is not a message the agent sends."""
-    before, found, after = user_opening.partition(_SENTINEL)
+    before, found, after = user_opening.partition(USER_SENTINEL)
     if found and before.strip() and prompt_text.endswith(after):  # raw "\n{content}\n": no frame
         head = prompt_text[: len(prompt_text) - len(after)]
         at = head.rfind(before)
