@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import socket
 
 from aiohttp import web
 
@@ -41,7 +42,8 @@ class AgentEndpoint:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        # bound to every interface: the node's name is what other hosts of the job can reach
+        host = socket.gethostname() if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}"
 
     def base_url(self, sid: str) -> str:
