@@ -25,12 +25,12 @@ async def agent(base_url: str, messages: list[dict], model: str = "policy", api_
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     try:
         history = list(messages)
-        reply = await client.chat.completions.create(model=model, messages=history, max_tokens=256)
+        reply = await client.chat.completions.create(model=model, messages=history)
         answer = reply.choices[0].message.content or ""
         if ANSWER.search(answer) is None:
             # the history goes back unchanged, the reply exactly as it came, then the new message
             history += [{"role": "assistant", "content": answer}, {"role": "user", "content": ASK_AGAIN}]
-            await client.chat.completions.create(model=model, messages=history, max_tokens=64)
+            await client.chat.completions.create(model=model, messages=history)
     finally:
         await client.close()
     return None  # the workflow scores the last answer with the prompt's own reward task
