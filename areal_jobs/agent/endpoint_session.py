@@ -100,6 +100,10 @@ class AgentSession:
         self.error: BaseException | None = None  # the episode failed; every later request says so
         self._api = ""  # "chat" or "completions": the first request decides
         self._busy = False
+        # where this session is in the episode: ctx.token_ids is the whole recorded episode while
+        # a resumed run replays it, the session's requests only reach this far
+        self._prompt_len = len(ctx.token_ids) - len(ctx.state.output_ids)
+        self._position = self._prompt_len
 
     # ------------------------------------------------------------------ requests
 
@@ -131,13 +135,13 @@ class AgentSession:
             text = prompt
 
             def extension() -> tuple[list[int], object]:
-                delta = text_delta(self.decode_raw(self.ctx.token_ids), text)
+                delta = text_delta(self.decode_raw(self.episode_ids), text)
                 return (self.ctx.encode(delta) if delta else []), None
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = prompt
 
             def extension() -> tuple[list[int], object]:
-                episode = self.ctx.token_ids
+                episode = self.episode_ids
                 if ids[: len(episode)] != episode:
                     raise HistoryMismatch(
                         f"the prompt's token ids do not start with this session's {len(episode)} episode "
@@ -169,8 +173,8 @@ class AgentSession:
         """The episode so far: every completion's place, tokens, log-probs and versions."""
         return {
             "session": self.sid,
-            "num_tokens": len(self.ctx.token_ids),
-            "loss_mask": list(self.ctx.state.loss_mask),
+            "num_tokens": self._position,
+            "loss_mask": list(self.ctx.state.loss_mask[: self._position - self._prompt_len]),
             "completions": [
                 {
                     "start": c.start,
@@ -184,6 +188,11 @@ class AgentSession:
             "reward": self.reward,
             "error": None if self.error is None else str(self.error),
         }
+
+    @property
+    def episode_ids(self) -> list[int]:
+        """The episode as far as this session's requests have taken it (prompt included)."""
+        return self.ctx.token_ids[: self._position]
 
     # ------------------------------------------------------------------ one turn
 
@@ -214,7 +223,7 @@ class AgentSession:
         try:
             if delta:
                 self.ctx.append(delta)
-            start = len(self.ctx.token_ids)
+            start = self._position + len(delta)
             turn = await self.ctx.generate(max_new_tokens=max_new_tokens, stop=stop)
         except BaseException as exc:
             self.error = exc  # the episode is in an unknown state: no further turn
@@ -222,7 +231,8 @@ class AgentSession:
         finally:
             self._busy = False
         ids = list(turn.token_ids)
-        offset = start - (len(self.ctx.token_ids) - len(self.ctx.state.output_ids))  # in output_ids
+        self._position = start + len(ids)
+        offset = start - self._prompt_len  # in the state's output_ids
         state = self.ctx.state
         completion = Completion(
             start,
