@@ -84,7 +84,9 @@ class AgentEndpoint:
 
     def close(self, sid: str) -> None:
         """The episode is over for the endpoint: later requests of the session get 404."""
-        self.sessions.pop(sid, None)
+        session = self.sessions.pop(sid, None)
+        if session is not None:
+            session.close()
 
     # ------------------------------------------------------------------ routes
 

@@ -13,6 +13,7 @@ reports it even when the agent swallowed the HTTP error.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -100,6 +101,7 @@ class AgentSession:
         self.error: BaseException | None = None  # the episode failed; every later request says so
         self._api = ""  # "chat" or "completions": the first request decides
         self._busy = False
+        self._turn_task: asyncio.Task | None = None  # the request generating now
         # where this session is in the episode: ctx.token_ids is the whole recorded episode while
         # a resumed run replays it, the session's requests only reach this far
         self._prompt_len = len(ctx.token_ids) - len(ctx.state.output_ids)
@@ -189,6 +191,12 @@ class AgentSession:
             "error": None if self.error is None else str(self.error),
         }
 
+    def close(self) -> None:
+        """The workflow is done with the episode: a turn still generating (for an agent that
+        returned, or was cancelled, without waiting for it) stops and writes no more tokens."""
+        if self._busy and self._turn_task is not None:
+            self._turn_task.cancel()
+
     @property
     def episode_ids(self) -> list[int]:
         """The episode as far as this session's requests have taken it (prompt included)."""
@@ -219,7 +227,7 @@ class AgentSession:
             delta, new = extension()  # nothing changes in the episode before this succeeds
         except HistoryMismatch as exc:
             raise RequestError(str(exc)) from None
-        self._busy, self._api = True, api
+        self._busy, self._api, self._turn_task = True, api, asyncio.current_task()
         try:
             if delta:
                 self.ctx.append(delta)

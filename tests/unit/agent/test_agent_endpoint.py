@@ -244,3 +244,26 @@ def test_a_failed_generation_fails_the_session_for_its_workflow(tmp_path):
             await client.chat.completions.create(model="m", messages=USER)
 
     serve(chat_model_dir(tmp_path), [], test)
+
+
+def test_closing_a_session_stops_its_turn_in_progress(tmp_path):
+    async def test(client, episode, session, endpoint):
+        started, cancelled = asyncio.Event(), []
+
+        async def forever(*args, **kwargs):
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+        episode.generate = forever
+        running = asyncio.create_task(client.chat.completions.create(model="m", messages=USER))
+        await started.wait()
+        endpoint.close(session.sid)  # the workflow returned without waiting for this request
+        with pytest.raises(openai.APIError):
+            await running
+        assert cancelled == [True] and episode.state.output_ids == []
+
+    serve(chat_model_dir(tmp_path), [], test)
