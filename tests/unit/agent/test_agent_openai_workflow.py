@@ -59,7 +59,8 @@ def episode(tmp_path, replies, agent=EXAMPLE, template=True, max_turns=3):
     text = EpisodeText(tok.encode, tok.decode, tok.decode_raw, fmt.message_texts)
     services = EpisodeServices(model.generate, lambda: 7, text, score, max_new_tokens=32)
     prompt = Prompt(0, tok.encode(fmt.render(QUESTION)), "arith", "0")
-    config = WorkflowConfig(name="openai_agent", agent=agent, max_turns=max_turns)
+    # the re-ask alone is 81 tokens of the byte-level tokenizer: room for it and the turns
+    config = WorkflowConfig(name="openai_agent", agent=agent, max_turns=max_turns, max_episode_tokens=1000)
 
     def context(state):
         return EpisodeContext(prompt, config, state, services, "r")
@@ -141,7 +142,9 @@ def test_a_failing_or_idle_agent_ends_only_its_episode(tmp_path, monkeypatch):
 
     for agent in (refused, idle):
         monkeypatch.setattr(workflow, "resolve_agent", lambda target, agent=agent: agent)
-        context, model, scored, tok = episode(tmp_path / agent.__name__, [])
+        folder = tmp_path / agent.__name__
+        folder.mkdir()
+        context, model, scored, tok = episode(folder, [])
         state = run(context, EpisodeState("g0/0"))
         assert (state.reward, state.reward_status) == (0.0, "error") and model.requests == []
 
@@ -172,7 +175,7 @@ def test_a_resumed_episode_replays_the_agents_turns_without_generating(tmp_path)
 
 
 def test_the_agent_target_is_checked_and_called_with_what_it_declares():
-    with pytest.raises(ValueError, match="rollout.workflow.agent='' .* 'module:function'"):
+    with pytest.raises(ValueError, match="rollout.workflow.agent='': set it to your agent's 'module:function'"):
         workflow.resolve_agent("")
     with pytest.raises(ValueError, match="cannot be loaded"):
         workflow.resolve_agent("examples.no_such_agent:agent")
