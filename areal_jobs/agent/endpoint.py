@@ -26,6 +26,7 @@ import socket
 
 from aiohttp import web
 
+from areal_jobs.agent.context import EpisodeError
 from areal_jobs.agent.endpoint_session import MODEL_NAME, AgentSession, Episode, RequestError
 
 logger = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class AgentEndpoint:
 def _status(exc: Exception) -> int:
     """An episode error (the workflow's EpisodeError: too long, a replay that diverged) is the
     agent's to handle (400); anything else is the server's (500)."""
-    return 400 if type(exc).__name__ == "EpisodeError" else 500
+    return 400 if isinstance(exc, EpisodeError) else 500
 
 
 def _error(exc: RequestError) -> web.Response:

@@ -175,7 +175,9 @@ def test_a_resumed_episode_replays_the_agents_turns_without_generating(tmp_path)
 
 
 def test_the_agent_target_is_checked_and_called_with_what_it_declares():
-    with pytest.raises(ValueError, match="rollout.workflow.agent='': set it to your agent's 'module:function'"):
+    with pytest.raises(
+        ValueError, match="rollout.workflow.agent='': set it to your agent's 'module:function'"
+    ):
         workflow.resolve_agent("")
     with pytest.raises(ValueError, match="cannot be loaded"):
         workflow.resolve_agent("examples.no_such_agent:agent")
