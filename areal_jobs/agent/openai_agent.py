@@ -36,7 +36,9 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from areal_jobs.agent.agent_loop import AgentLoop
 from areal_jobs.agent.chat_history import USER_SENTINEL, prompt_messages
 from areal_jobs.agent.context import EpisodeContext, EpisodeError
 from areal_jobs.agent.endpoint import AgentEndpoint
@@ -44,14 +46,24 @@ from areal_jobs.config import WorkflowConfig
 
 logger = logging.getLogger(__name__)
 
-# One endpoint per event loop (the controller has one): started by the first episode that needs
-# it, serving every session until the process ends.
-_ENDPOINTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task] = weakref.WeakKeyDictionary()
+
+@dataclass(frozen=True)
+class AgentServices:
+    """What every episode of one controller shares: the endpoint and the agents' own loop."""
+
+    endpoint: AgentEndpoint
+    agents: AgentLoop
+
+
+# One per event loop (the controller has one): started by the first episode that needs it,
+# serving every episode until the process ends.
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task] = weakref.WeakKeyDictionary()
 
 
 async def openai_agent(ctx: EpisodeContext) -> float:
     agent = resolve_agent(ctx.config.agent)
-    endpoint = await shared_endpoint(ctx.config)
+    shared = await shared_services(ctx.config)
+    endpoint = shared.endpoint
     decode_raw = ctx._services.text.decode_raw  # special tokens kept: what the model saw
     prompt_text = decode_raw(ctx.prompt.input_ids)
     # how the template frames a user message: the prompt ends that way around its question
@@ -65,7 +77,7 @@ async def openai_agent(ctx: EpisodeContext) -> float:
         "reference": ctx.prompt.reference,
     }
     try:
-        returned = await call_agent(agent, arguments)
+        returned = await shared.agents.call(agent, declared(agent, arguments))
     except Exception as exc:
         if session.error is None:
             raise EpisodeError(f"agent {ctx.config.agent} failed: {type(exc).__name__}: {exc}") from exc
@@ -107,35 +119,37 @@ def resolve_agent(target: str) -> Callable:
     return fn
 
 
-async def call_agent(agent: Callable, arguments: dict) -> object:
-    """Call `agent` with the arguments it declares; a plain function runs in a thread."""
+def declared(agent: Callable, arguments: dict) -> dict:
+    """The arguments `agent` declares (all of them for a **kwargs function)."""
     params = inspect.signature(agent).parameters.values()
-    if not any(p.kind is p.VAR_KEYWORD for p in params):
-        names = {p.name for p in params}
-        arguments = {k: v for k, v in arguments.items() if k in names}
-    if inspect.iscoroutinefunction(agent):
-        return await agent(**arguments)
-    result = await asyncio.to_thread(functools.partial(agent, **arguments))
-    return await result if inspect.isawaitable(result) else result  # an object with async __call__
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return arguments
+    names = {p.name for p in params}
+    return {k: v for k, v in arguments.items() if k in names}
 
 
-async def shared_endpoint(config: WorkflowConfig) -> AgentEndpoint:
-    """This event loop's endpoint, started on first use (concurrent episodes wait for one start)."""
+async def shared_services(config: WorkflowConfig) -> AgentServices:
+    """This event loop's endpoint and agent loop, started on first use (concurrent episodes wait
+    for the one start)."""
     loop = asyncio.get_running_loop()
-    task = _ENDPOINTS.get(loop)
+    task = _SHARED.get(loop)
     if task is None:
-        task = loop.create_task(_start(AgentEndpoint(config.endpoint_host, config.endpoint_port)))
-        _ENDPOINTS[loop] = task
+        task = loop.create_task(_start(config))
+        _SHARED[loop] = task
     return await asyncio.shield(task)
 
 
-async def stop_shared_endpoint() -> None:
-    """Stop this event loop's endpoint (tests; the controller's lasts as long as its process)."""
-    task = _ENDPOINTS.pop(asyncio.get_running_loop(), None)
+async def stop_shared_services() -> None:
+    """Stop this event loop's endpoint and agent loop (tests; the controller's last as long as
+    its process)."""
+    task = _SHARED.pop(asyncio.get_running_loop(), None)
     if task is not None:
-        await (await task).stop()
+        shared = await task
+        await shared.agents.stop()
+        await shared.endpoint.stop()
 
 
-async def _start(endpoint: AgentEndpoint) -> AgentEndpoint:
+async def _start(config: WorkflowConfig) -> AgentServices:
+    endpoint = AgentEndpoint(config.endpoint_host, config.endpoint_port)
     await endpoint.start()
-    return endpoint
+    return AgentServices(endpoint, AgentLoop())

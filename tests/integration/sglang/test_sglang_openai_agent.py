@@ -17,7 +17,7 @@ import torch
 from sglang_harness import Broadcaster
 
 from areal_jobs.agent.context import EpisodeText
-from areal_jobs.agent.openai_agent import stop_shared_endpoint
+from areal_jobs.agent.openai_agent import stop_shared_services
 from areal_jobs.api import RewardResult
 from areal_jobs.config import (
     Advantage,
@@ -115,7 +115,7 @@ def run(sglang_server, tiny_model_dir):
             assert ctl.fatal is None, ctl.fatal
             return pushed[0], client.calls
         finally:
-            await stop_shared_endpoint()
+            await stop_shared_services()
             await caster.close()
 
     group, calls = asyncio.run(go())

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 
 import openai
 import pytest
 
 from areal_jobs.agent import openai_agent as workflow
+from areal_jobs.agent.agent_loop import AgentLoop
 from areal_jobs.agent.context import EpisodeContext, EpisodeServices, EpisodeText, run_episode
 from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.api import RewardResult
@@ -73,7 +75,7 @@ def run(context, state):
         try:
             await run_episode(workflow.openai_agent, context(state))
         finally:
-            await workflow.stop_shared_endpoint()
+            await workflow.stop_shared_services()
 
     asyncio.run(main())
     return state
@@ -190,10 +192,44 @@ def test_the_agent_target_is_checked_and_called_with_what_it_declares():
         return sorted(kwargs)
 
     arguments = {"base_url": "u", "messages": [], "prompt_text": "p", "reference": "r"}
-    assert asyncio.run(workflow.call_agent(two, arguments)) == ("u", [])
-    assert asyncio.run(workflow.call_agent(any_, arguments)) == [
-        "base_url",
-        "messages",
-        "prompt_text",
-        "reference",
-    ]
+    assert workflow.declared(two, arguments) == {"base_url": "u", "messages": []}
+    assert workflow.declared(any_, arguments) == arguments
+
+
+def test_agents_run_on_their_own_loop_so_a_blocking_agent_cannot_stall_the_controller():
+    released = threading.Event()
+
+    async def blocking(**kwargs):  # a sync wait inside async def: would freeze the caller's loop
+        return released.wait(timeout=60), threading.current_thread().name
+
+    def plain(x):
+        return x + 1
+
+    async def main():
+        agents = AgentLoop()
+        try:
+            call = asyncio.create_task(agents.call(blocking, {}))
+            await asyncio.sleep(0)  # the controller's loop runs on while the agent blocks
+            released.set()
+            assert await call == (True, "areal-agents")
+            assert await agents.call(plain, {"x": 1}) == 2
+            started, cancelled = threading.Event(), []
+
+            async def forever():
+                started.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancelled.append(True)
+                    raise
+
+            waiting = asyncio.create_task(agents.call(forever, {}))
+            await asyncio.to_thread(started.wait, 60)
+            waiting.cancel()  # the controller stops: the agent is cancelled on its loop
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        finally:
+            await agents.stop()
+        return cancelled
+
+    assert asyncio.run(main()) == [True]
