@@ -16,7 +16,8 @@ started on the controller's event loop the first time it is needed) and calls yo
     reference     the prompt's reference answer (for an agent that scores itself)
 
 It may declare only the parameters it uses (`async def agent(base_url, messages)`), or **kwargs.
-A plain `def` runs in a worker thread (use openai.OpenAI there). The episode's reward is, first
+Agents run on their own event loop, beside the controller's (agent_loop.py); a plain `def` runs in
+that loop's thread pool (use openai.OpenAI there). The episode's reward is, first
 found: what the function returns, what it posted to `<base_url>/reward` ({"reward": x}, which
 also ends the episode), or the prompt's reward task on the text of its last completion.
 
