@@ -68,7 +68,10 @@ async def openai_agent(ctx: EpisodeContext) -> float:
     decode_raw = ctx._services.text.decode_raw  # special tokens kept: what the model saw
     prompt_text = decode_raw(ctx.prompt.input_ids)
     # how the template frames a user message: the prompt ends that way around its question
-    user_opening = decode_raw(ctx.render_message("user", USER_SENTINEL))
+    try:
+        user_opening = decode_raw(ctx.render_message("user", USER_SENTINEL))
+    except ValueError:  # a template that cannot add a message: chat requests say so, completions work
+        user_opening = ""
     messages = prompt_messages(prompt_text, user_opening, ctx.decode(ctx.prompt.input_ids))
     session = endpoint.open(ctx, decode_raw, messages, ctx.config.max_turns)
     arguments = {
