@@ -40,6 +40,10 @@ class WorkflowConfig:
     tool_timeout_s: float = 5.0
     tool_output_chars: int = 512  # a tool's result is cut to this many characters
     agent: str = ""  # openai_agent: "module:function" of the user's agent
+    # openai_agent: where its OpenAI-compatible endpoint listens, inside the controller process,
+    # where the agents run too: 127.0.0.1 is right on SLURM as well; port 0 = a free one
+    endpoint_host: str = "127.0.0.1"
+    endpoint_port: int = 0
 
     def __post_init__(self) -> None:
         if self.name not in WORKFLOW_NAMES and ":" not in self.name:
