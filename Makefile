@@ -64,11 +64,11 @@ test-gpu: install
 	$(PY) -m pytest -m gpu tests/gpu
 
 lint: install
-	$(PY) -m ruff check areal_jobs launch tests bench requirements
-	$(PY) -m ruff format --check areal_jobs launch tests bench requirements
+	$(PY) -m ruff check areal_jobs launch tests bench examples requirements
+	$(PY) -m ruff format --check areal_jobs launch tests bench examples requirements
 
 format: install
-	$(PY) -m ruff format areal_jobs launch tests bench requirements
+	$(PY) -m ruff format areal_jobs launch tests bench examples requirements
 
 bench: install vllm-venv
 	$(PY) -m bench $(OVERRIDES)
