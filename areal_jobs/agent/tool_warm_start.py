@@ -31,7 +31,13 @@ from pathlib import Path
 
 from areal_jobs.agent.tools import calculator
 from areal_jobs.data import arith_task, fact_probe
-from areal_jobs.data.arith_tools import CALL_CLOSE, expression_of, segment_ids, tool_worked_solution
+from areal_jobs.data.arith_tools import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    expression_of,
+    segment_ids,
+    tool_worked_solution,
+)
 from areal_jobs.data.tiny_model import PACKAGED_DIR, SFT_SEED, TinyRecipe, sft_loop
 
 logger = logging.getLogger(__name__)
@@ -115,10 +121,38 @@ def build_tools_model(out_dir: Path, recipe: ToolRecipe, base: Path = PACKAGED_D
 
 def measure(model, tokenizer, num_prompts: int = 256) -> dict:
     """The held-out tool_arith numbers and the per-fact beliefs (the misconception must remain)."""
+    calls = call_probabilities(model, tokenizer)
     return {
         "tool_heldout": tool_heldout(model, tokenizer, num_prompts),
         "facts": fact_probe.summarize(fact_probe.probe(model, tokenizer)),
+        "call_probability": {
+            name: sum(p for fact, p in calls.items() if arith_task.is_misconception(*fact) == wanted)
+            / sum(arith_task.is_misconception(*fact) == wanted for fact in calls)
+            for name, wanted in (("misconception", True), ("other", False))
+        },
     }
+
+
+def call_probabilities(model, tokenizer) -> dict[tuple[int, str, int], float]:
+    """Per fact, the probability that the model starts a call where it would write the result
+    (after "8+3=" in fact_probe's one-step problem): how often the warm start calls, read off its logits."""
+    import torch
+
+    opener = tokenizer.encode(CALL_OPEN, add_special_tokens=False)[0]
+    rows = []
+    for value, sign, operand in fact_probe.all_facts():
+        prompt = f"Q: start {value}; a {sign}{operand}. (mod {arith_task.MODULUS})\nA:"
+        prefix = f" {value}; a: {value}{sign}{operand}="
+        rows.append(
+            tokenizer.encode(prompt, add_special_tokens=False)
+            + tokenizer.encode(prefix, add_special_tokens=False)
+        )
+    out = {}
+    with torch.no_grad():
+        for fact, row in zip(fact_probe.all_facts(), rows):  # 60 short rows: no padding needed
+            logits = model(input_ids=torch.tensor([row])).logits[0, -1].float()
+            out[fact] = float(torch.softmax(logits, dim=-1)[opener])
+    return out
 
 
 def tool_heldout(
@@ -174,7 +208,7 @@ def _tool_episodes(
             gen = model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=sample,
                 temperature=1.0 if sample else None, top_p=1.0, top_k=0, pad_token_id=eos, eos_token_id=eos,
-                **({"stop_strings": [CALL_CLOSE], "tokenizer": tokenizer} if may_call else {}),
+                stopping_criteria=[_StopAfterCall(tokenizer, closers)] if may_call else None,
             )[:, width:].tolist()  # fmt: skip
         still = []
         for i, new in zip(active, gen):
@@ -198,6 +232,22 @@ def _tool_episodes(
         if not active:
             break
     return [(tokenizer.decode(o, skip_special_tokens=True), n) for o, n in zip(outputs, calls)]
+
+
+class _StopAfterCall:
+    """generate's stopping criterion: a row is done once its text ends with CALL_CLOSE."""
+
+    def __init__(self, tokenizer, closers: set[int]) -> None:
+        self.tokenizer, self.closers = tokenizer, closers
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        done = [
+            int(row[-1]) in self.closers and self.tokenizer.decode(row[-16:].tolist()).endswith(CALL_CLOSE)
+            for row in input_ids
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def main(argv: list[str] | None = None) -> int:

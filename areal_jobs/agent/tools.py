@@ -50,9 +50,9 @@ class Toolbox:
     """The tools with one workflow config's limits; what EpisodeContext.call_tool delegates to."""
 
     def __init__(self, scorer: RewardScorer, timeout_s: float, output_chars: int) -> None:
-        if timeout_s <= 0 or output_chars < 16:
+        if timeout_s <= 0 or output_chars < 1:
             raise ValueError(
-                "rollout.workflow.tool_timeout_s must be > 0 and rollout.workflow.tool_output_chars >= 16"
+                "rollout.workflow.tool_timeout_s must be > 0 and rollout.workflow.tool_output_chars >= 1"
             )
         self._scorer = scorer
         self.timeout_s = timeout_s

@@ -78,8 +78,9 @@ def tool_text(run: SandboxRun, timeout_s: float, output_chars: int) -> str:
         return "error: the tool sandbox failed"
     out = run.stdout.decode("utf-8", errors="replace")
     lines = []
-    if len(out) > output_chars or run.output_capped:
-        lines += [out[:output_chars], f"[output truncated: over {output_chars} chars]"]
+    if len(out) > output_chars or run.output_capped:  # capped: stdout + stderr passed the byte cap
+        lines += [out[:output_chars]] if out else []
+        lines.append(f"[output truncated: over {output_chars} chars]")
     elif out:
         lines.append(out.rstrip("\n"))
     if run.timed_out:

@@ -77,6 +77,9 @@ def test_tool_text() -> None:
     assert tool_text(run(b"x" * 20), 5.0, 16) == "x" * 16 + "\n[output truncated: over 16 chars]"
     capped = run(b"y" * 9, returncode=-9, output_capped=True)  # killed at the byte cap: no error line
     assert tool_text(capped, 5.0, 16) == "y" * 9 + "\n[output truncated: over 16 chars]"
+    assert (
+        tool_text(run(b"", b"e" * 99, -9, output_capped=True), 5.0, 16) == "[output truncated: over 16 chars]"
+    )
     slow = run(b"partial\n", returncode=-9, timed_out=True)
     assert tool_text(slow, 2.5, 16) == "partial\nerror: timed out after 2.5s"
     assert tool_text(run(returncode=-11), 5.0, 16) == "error: killed by signal 11"
