@@ -54,10 +54,15 @@ MAX_EPISODE_TOKENS = 400  # + the longest prompt (95 tokens) < the model's 512 p
 class ToolRecipe:
     """The fine-tune on top of the committed base; stored in build.json."""
 
+    # First `format_steps` at `format_tool_rate`: enough calls for the tiny model to learn to write
+    # one (the tag, the copied expression, going on after the result); then `steps` at `tool_rate`,
+    # where the rate at which it calls settles back to rare. One warm-up + cosine over both.
+    format_steps: int = 800
+    format_tool_rate: float = 0.5
     steps: int = 400
-    lr: float = 1e-3  # warm-up, then cosine to 0, like phase 3
+    lr: float = 1e-3
     tokens_per_step: int = 512
-    tool_rate: float = 0.1  # share of steps that call the calculator
+    tool_rate: float = 0.1  # share of steps that call the calculator, at the end of the fine-tune
     slip_rate: float = TinyRecipe.sft_slip_rate  # the written steps: as in the base's phase 3
     misconception_rate: float = TinyRecipe.misconception_rate
     seed: int = 0
@@ -79,16 +84,18 @@ def build_tools_model(out_dir: Path, recipe: ToolRecipe, base: Path = PACKAGED_D
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     model = Qwen2ForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
     rng = random.Random(recipe.seed + 3)
-    warmup = max(1, recipe.steps // 10)
+    total = recipe.format_steps + recipe.steps
+    warmup = max(1, total // 10)
 
     def lr_at(step: int) -> float:
         if step < warmup:
             return recipe.lr * (step + 1) / warmup
-        return recipe.lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.steps - warmup)))
+        return recipe.lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
     def example_at(problem: arith_task.ArithProblem, step: int) -> tuple[list[int], list[int]]:
+        rate = recipe.format_tool_rate if step < recipe.format_steps else recipe.tool_rate
         segments, _ = tool_worked_solution(
-            problem.start, problem.ops, rng, recipe.tool_rate, recipe.slip_rate, recipe.misconception_rate
+            problem.start, problem.ops, rng, rate, recipe.slip_rate, recipe.misconception_rate, MAX_TOOL_CALLS
         )
         prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
         ids, mask = segment_ids(tokenizer, segments)
@@ -99,7 +106,7 @@ def build_tools_model(out_dir: Path, recipe: ToolRecipe, base: Path = PACKAGED_D
         model,
         opt,
         recipe.tokens_per_step,
-        recipe.steps,
+        total,
         lr_at,
         example_at,
         SFT_SEED + 2,
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=Path, default=None, help="only measure this model directory")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=256, help="held-out prompts to measure on")
-    for name in ("steps", "lr", "tool_rate"):
+    for name in ("format_steps", "format_tool_rate", "steps", "lr", "tool_rate"):
         kind = type(getattr(ToolRecipe(), name))
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(ToolRecipe(), name))
     args = parser.parse_args(argv)
@@ -269,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer = fact_probe.load(args.measure)
         print(json.dumps(measure(model, tokenizer, args.prompts), indent=2))
         return 0
-    recipe = replace(ToolRecipe(), steps=args.steps, lr=args.lr, tool_rate=args.tool_rate)
+    recipe = replace(
+        ToolRecipe(), format_steps=args.format_steps, format_tool_rate=args.format_tool_rate, steps=args.steps,
+        lr=args.lr, tool_rate=args.tool_rate,
+    )  # fmt: skip
     build_tools_model(args.out, recipe, base=args.base, threads=args.threads)
     return 0
 

@@ -53,17 +53,20 @@ def tool_worked_solution(
     tool_rate: float,
     slip_rate: float = 0.0,
     misconception_rate: float = 0.0,
+    max_calls: int = arith_task.MAX_STEPS,
 ) -> tuple[list[Segment], int]:
     """The worked answer of arith_task.worked_solution, in segments, where each step calls the
     calculator with probability `tool_rate`. A called step's result is right (the tool's); a
     written one carries the misconception and slips at the given rates, as in worked_solution.
-    Returns the segments (model text and tool results, alternating) and the final value."""
+    At most `max_calls` steps call (the workflow's rollout.workflow.max_tool_calls: longer chains
+    would not fit the tiny model's 512 positions). Returns the segments (model text and tool
+    results, alternating) and the final value."""
     segments: list[Segment] = []
     text, value = f" {start}; ", start
     for i, (label, (sign, operand)) in enumerate(zip(string.ascii_lowercase, ops)):
         text += f"{'; ' if i else ''}{label}: {value}{sign}{operand}="
         right = (value + operand if sign == "+" else value - operand) % arith_task.MODULUS
-        if rng.random() < tool_rate:
+        if rng.random() < tool_rate and len(segments) < 2 * max_calls:
             segments += [(text + CALL_OPEN + call_expression(value, sign, operand) + CALL_CLOSE, True)]
             segments += [(str(right), False)]
             text, value = "", right

@@ -39,6 +39,13 @@ def test_every_step_called() -> None:
     assert value == 9
 
 
+def test_at_most_max_calls() -> None:
+    ops = (("+", 1),) * 5
+    segments, value = tool_worked_solution(0, ops, random.Random(0), tool_rate=1.0, max_calls=2)
+    assert [text for text, by_model in segments if not by_model] == ["1", "2"]
+    assert segments[-1] == ("; c: 2+1=3; d: 3+1=4; e: 4+1=5. The answer is 5.", True) and value == 5
+
+
 def test_written_steps_keep_the_misconception() -> None:
     segments, value = tool_worked_solution(
         8, (("+", 3),), random.Random(0), tool_rate=0.0, misconception_rate=1.0
