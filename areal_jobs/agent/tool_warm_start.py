@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import random
+import re
 import shutil
 import sys
 import time
@@ -50,6 +51,9 @@ MAX_TOOL_CALLS = 8
 MAX_EPISODE_TOKENS = 400  # + the longest prompt (95 tokens) < the model's 512 positions
 
 
+_FAITHFUL_CALL = re.compile(r"(\d)([+-])(\d)=<calc>\(\1\2\3\)%10</calc>")
+
+
 @dataclass(frozen=True)
 class ToolRecipe:
     """The fine-tune on top of the committed base; stored in build.json."""
@@ -57,9 +61,9 @@ class ToolRecipe:
     # First `format_steps` at `format_tool_rate`: enough calls for the tiny model to learn to write
     # one (the tag, the copied expression, going on after the result); then `steps` at `tool_rate`,
     # where the rate at which it calls settles back to rare. One warm-up + cosine over both.
-    format_steps: int = 800
+    format_steps: int = 2400
     format_tool_rate: float = 0.5
-    steps: int = 400
+    steps: int = 600
     lr: float = 1e-3
     tokens_per_step: int = 512
     tool_rate: float = 0.1  # share of steps that call the calculator, at the end of the fine-tune
@@ -181,10 +185,14 @@ def tool_heldout(
             episodes += _tool_episodes(model, tokenizer, prompts, sample, max_tool_calls, max_episode_tokens)
         rewards = [arith_task.reward(text, str(p.answer)).reward for (text, _), p in zip(episodes, problems)]
         calls = [n for _, n in episodes]
+        faithful = sum(len(_FAITHFUL_CALL.findall(text)) for text, _ in episodes)
         out[name] = {
             "accuracy": sum(rewards) / num_prompts,
             "tool_calls_per_episode": sum(calls) / num_prompts,
             "episodes_with_calls": sum(n > 0 for n in calls) / num_prompts,
+            # calls that compute the step they follow ("8+3=<calc>(8+3)%10</calc>"): the rest are
+            # garbled or copy another expression, and their result misleads the chain
+            "faithful_calls": faithful / max(1, sum(calls)),
         }
     return out
 
