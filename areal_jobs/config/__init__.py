@@ -21,7 +21,7 @@ from areal_jobs.config.job import (
     to_job_config,
 )
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
-from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine
+from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
 from areal_jobs.config.trainer import (
     CheckpointConfig,
     DistBackend,
@@ -57,6 +57,7 @@ __all__ = [
     "TrainerConfig",
     "WeightSync",
     "WeightSyncConfig",
+    "WorkflowConfig",
     "load_job_config",
     "register_configs",
     "save_job_config",

@@ -21,6 +21,45 @@ class PauseMode(enum.Enum):
     drain = "drain"  # stop admitting and wait for in-flight requests to finish
 
 
+# rollout.workflow.name: the registry's names (agent/registry.py; a unit test keeps the two equal).
+# The config layer imports no workflow code, so the names are listed here too.
+WORKFLOW_NAMES = ("single_turn", "multi_turn_math", "tool_arith", "openai_agent")
+
+
+@dataclass
+class WorkflowConfig:
+    """What one episode of one prompt is (conf group `rollout/workflow`; docs/protocols.md)."""
+
+    name: str = "single_turn"  # a WORKFLOW_NAMES entry, or "module:function" of your own workflow
+    max_turns: int = 3  # multi-turn workflows: model turns per episode
+    turn_discount: float = 0.5  # multi_turn_math: reward of a right answer at turn t = discount**t
+    # cap on all episode tokens (model + environment: the trainer's sequence is prompt + these);
+    # 0 = none beyond max_turns * rollout.max_new_tokens model tokens (each turn's own cap)
+    max_episode_tokens: int = 0
+    max_tool_calls: int = 4
+    tool_timeout_s: float = 5.0
+    tool_output_chars: int = 512  # a tool's result is cut to this many characters
+    agent: str = ""  # openai_agent: "module:function" of the user's agent
+
+    def __post_init__(self) -> None:
+        if self.name not in WORKFLOW_NAMES and ":" not in self.name:
+            raise ValueError(
+                f"rollout.workflow.name={self.name!r}: expected one of {list(WORKFLOW_NAMES)} "
+                "(rollout/workflow=<name>) or a 'module:function'"
+            )
+        if self.max_turns < 1 or self.max_tool_calls < 0 or self.max_episode_tokens < 0:
+            raise ValueError(
+                "rollout.workflow.max_turns must be >= 1, rollout.workflow.max_tool_calls and "
+                "rollout.workflow.max_episode_tokens >= 0"
+            )
+        if not 0.0 <= self.turn_discount <= 1.0:
+            raise ValueError("rollout.workflow.turn_discount must be in [0, 1]")
+        if self.tool_timeout_s <= 0 or self.tool_output_chars < 1:
+            raise ValueError(
+                "rollout.workflow.tool_timeout_s must be > 0 and rollout.workflow.tool_output_chars >= 1"
+            )
+
+
 @dataclass
 class RolloutConfig:
     """Rollout servers and the asyncio controller that drives them."""
@@ -50,6 +89,7 @@ class RolloutConfig:
     # stop strings beside the model's end-of-sequence / end-of-turn tokens (which come from the
     # tokenizer and generation_config.json), e.g. ["</answer>"]; a sample records stop or length
     stop: list[str] = field(default_factory=list)
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)  # rollout/workflow=<name>
 
     def __post_init__(self) -> None:
         if self.kv_cache_gib <= 0:

@@ -166,6 +166,35 @@ class PromptFormat:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return self._template.render(messages=messages, add_generation_prompt=True, **self.specials)
 
+    def message_texts(self, role: str, content: str) -> tuple[str, str]:
+        """One more message after an assistant turn, as (closing, opening) text for multi-turn
+        episodes (agent/context.py render_message):
+
+            closing  what the template writes after an assistant message's content (ChatML:
+                     "<|im_end|>\n"); the part the model already produced is dropped by the caller
+            opening  the new message and the next assistant turn's generation prompt
+
+        Both are differences of two renders of the same conversation (the template itself decides
+        the markup, nothing is hard-coded per model). Raw text: no closing, "\n<content>\n"."""
+        if self._template is None:
+            return "", f"\n{content}\n"
+        sentinel = "\x00ASSISTANT\x00"
+        history = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": sentinel}]
+        if self.system_prompt:
+            history.insert(0, {"role": "system", "content": self.system_prompt})
+        base = self._template.render(messages=history, add_generation_prompt=False, **self.specials)
+        full = self._template.render(
+            messages=[*history, {"role": role, "content": content}],
+            add_generation_prompt=True,
+            **self.specials,
+        )
+        if sentinel not in base or not full.startswith(base):
+            raise ValueError(
+                f"the chat template ({self.template_origin}) does not render a conversation as a prefix of "
+                "its continuation; multi-turn workflows need one that does (data.chat_template=<file.jinja>)"
+            )
+        return base[base.rindex(sentinel) + len(sentinel) :], full[len(base) :]
+
     def render_row(self, row: dict) -> str:
         return self.render(self.user_text(row))
 

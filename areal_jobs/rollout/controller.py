@@ -6,7 +6,9 @@
 
 Every output token keeps the behaviour log-prob and the policy version it was sampled under.
 Sending, failover and continuation live in generation.py (GenerationPath), which evaluation
-drives too.
+drives too. A sample is an episode: the configured workflow (rollout/workflow=..., agent/) runs
+it through an EpisodeContext over that same path; single_turn groups keep one batched
+score_group call per group.
 """
 
 from __future__ import annotations
@@ -16,18 +18,20 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from areal_jobs.api import RewardRequest, RewardScorer
+from areal_jobs.agent import registry, single_turn
+from areal_jobs.agent.context import EpisodeContext, EpisodeServices, EpisodeText, ToolRunner, run_episode
+from areal_jobs.agent.episode import EpisodeState as SampleState
+from areal_jobs.api import RewardRequest, RewardResult, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
-from areal_jobs.data.staleness import StalenessManager
+from areal_jobs.data.staleness import StalenessManager, may_push
 from areal_jobs.rollout.generation import GenerationCounters, GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
-from areal_jobs.rollout.snapshot import PartialSample as SampleState
 from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,10 @@ class RolloutCounters(GenerationCounters):
     groups_pushed: int = 0
     discarded_groups: int = 0  # dynamic sampling: all-equal-reward groups dropped and replaced
     discards_in_a_row: int = 0
+    held_groups: int = 0  # finished groups held back to keep a slot for an older one (may_push)
+    episodes: int = 0  # finished episodes (samples), their model turns and tool calls
+    episode_turns: int = 0
+    episode_tool_calls: int = 0
 
 
 class RolloutController:
@@ -55,6 +63,8 @@ class RolloutController:
         decode: callable,
         push: callable,
         stop_token_ids: tuple[int, ...] = (),
+        text: EpisodeText | None = None,
+        call_tool: ToolRunner | None = None,
     ) -> None:
         self.rollout = rollout
         self.algo = algo
@@ -75,11 +85,27 @@ class RolloutController:
         self.unacked: dict[str, m.TrajectoryGroup] = {}  # pushed, not yet reported trained
         self._tasks: set[asyncio.Task] = set()
         self._wakeup = asyncio.Event()
+        self._admitted_at: dict[str, int] = {}  # group id -> version when admitted (in progress)
+        # the trainer's version: ahead of `version` while an update is under way; the hold counts
+        # batches from it (else the batch just trained would look like free slots until it lands)
+        self.trainer_version = 0
         self._stopping = False
         # failover, interruption and version stamping: the same path evaluation uses
         self.generation = GenerationPath(pool, self.running, lambda: self.version, self.counters)
         self.sampling = Sampling(
             rollout.max_new_tokens, rollout.temperature, rollout.top_p, stop_token_ids, tuple(rollout.stop)
+        )
+        self.workflow_name = rollout.workflow.name
+        # resolved on first use: a unit test may build a controller for a workflow it never runs
+        self._workflow = None
+        self.episode_services = EpisodeServices(
+            generate=self._generate_turn,
+            version=lambda: self.version,
+            text=text
+            or EpisodeText(_no_encode, decode, decode, lambda role, content: ("", f"\n{content}\n")),
+            score=self._score_one,
+            max_new_tokens=rollout.max_new_tokens,
+            call_tool=call_tool,
         )
         self.fatal: BaseException | None = None  # a group task's unexpected error ends the run
         # request ids stay unique on a server that outlives this controller (restart, resume)
@@ -110,6 +136,9 @@ class RolloutController:
         group_id = f"g{prompt.data_index}" + (f"r{attempt}" if attempt else "")
         states = states or [SampleState(f"{group_id}/{i}") for i in range(self.algo.group_size)]
         self.in_progress[group_id] = PartialGroup(prompt.data_index, attempt, states)
+        # its tokens are sampled under this version or later (tokens come back only when a request
+        # returns, so a long answer in flight shows none): the hold's deadlines start here
+        self._admitted_at[group_id] = self.version
         task = asyncio.create_task(
             self._run_group(prompt, attempt, group_id, states), name=f"group-{prompt.data_index}"
         )
@@ -133,9 +162,13 @@ class RolloutController:
         self.version = version
         self._wakeup.set()
 
-    def on_trained(self, group_ids: tuple[str, ...]) -> None:
+    def on_trained(self, group_ids: tuple[str, ...], version: int | None = None) -> None:
+        """The trainer trained `group_ids` and now holds `version` (the servers get it next)."""
         for gid in group_ids:
             self.unacked.pop(gid, None)
+        if version is not None:
+            self.trainer_version = max(self.trainer_version, version)
+        self._wakeup.set()  # held groups may go now
 
     def on_expired(self, group_ids: tuple[str, ...]) -> None:
         """Groups too stale to train are generated again from the same prompt (nothing lost)."""
@@ -153,53 +186,82 @@ class RolloutController:
     async def _run_group(
         self, prompt: Prompt, attempt: int, group_id: str, states: list[SampleState]
     ) -> None:
-        """Generate, score and push one group; samples restored from a checkpoint continue."""
+        """Run, score and push one group; episodes restored from a checkpoint continue."""
         t0 = time.monotonic()
-        await asyncio.gather(*(self._run_sample(prompt, s) for s in states if not s.finish_reason))
-        t_gen = time.monotonic()
-        texts = [self.decode(s.output_ids) for s in states]
-        results = await self.scorer.score_group(
-            [RewardRequest(prompt.reward_task, text, prompt.reference) for text in texts]
-        )
-        samples = tuple(
-            m.SampleTrajectory(
-                sample_id=s.sample_id,
-                output_ids=np.asarray(s.output_ids, dtype=np.int32),
-                logprobs=np.asarray(s.logprobs, dtype=np.float32),
-                versions=np.asarray(s.versions, dtype=np.int32),
-                reward=r.reward,
-                reward_status=r.status.value,
-                finish_reason=s.finish_reason,
-                num_interruptions=s.interruptions,
+        if self.workflow_name == "single_turn":
+            # today's path: every answer, then one batched score_group call for the group
+            await asyncio.gather(
+                *(self._run_episode(prompt, s, single_turn.answer) for s in states if not s.done)
             )
-            for s, r in zip(states, results)
-        )
+            t_gen = time.monotonic()
+            pending = [s for s in states if not s.done]
+            results = await self.scorer.score_group(
+                [
+                    RewardRequest(prompt.reward_task, self.decode(s.output_ids), prompt.reference)
+                    for s in pending
+                ]
+            )
+            for s, r in zip(pending, results, strict=True):
+                s.reward, s.reward_status = r.reward, r.status.value
+        else:
+            workflow = self._resolve_workflow()
+            await asyncio.gather(*(self._run_episode(prompt, s, workflow) for s in states if not s.done))
+            t_gen = time.monotonic()
+        samples = tuple(self._trajectory(s) for s in states)
         group = m.TrajectoryGroup(
             group_id=group_id,
             data_index=prompt.data_index,
             prompt_ids=np.asarray(prompt.input_ids, dtype=np.int32),
             samples=samples,
             gen_time_s=t_gen - t0,
-            reward_time_s=time.monotonic() - t_gen,
+            reward_time_s=time.monotonic() - t_gen,  # single_turn; other workflows score inside gen_time_s
             attempt=attempt,
         )
         if self.algo.filter_uniform_groups and len({s.reward for s in samples}) == 1:
             self._discard(group_id)
             return
         self.counters.discards_in_a_row = 0
+        await self._hold_for_older_groups(group_id, group.oldest_version)
         # no await between here and the push's first await: a snapshot sees the group in exactly
         # one place (in progress, or retained as unacked)
         del self.in_progress[group_id]
+        self._admitted_at.pop(group_id, None)
         self.staleness.on_accepted()
         self.unacked[group_id] = group
         await self.push(group)
         self.counters.groups_pushed += 1
         self._wakeup.set()
 
+    async def _hold_for_older_groups(self, group_id: str, oldest_version: int) -> None:
+        """Wait while pushing this group would let the trainer fill the batches an older group
+        in flight must join before its deadline (data/staleness.may_push). Bounded: the group with
+        the earliest deadline always goes, and every version or trained batch re-checks."""
+        eta, held = self.algo.max_staleness, False
+        while not self._stopping:
+            others = [self._deadline(gid, g) for gid, g in self.in_progress.items() if gid != group_id]
+            version = max(self.version, self.trainer_version)
+            if may_push(oldest_version + eta, version, len(self.unacked), others, self.algo.batch_size):
+                return
+            if not held:
+                held = True
+                self.counters.held_groups += 1
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+
+    def _deadline(self, group_id: str, group: PartialGroup) -> int:
+        """The last trainer version that may train `group`: its oldest token's version + eta,
+        where tokens still in flight count as sampled when the group was admitted."""
+        firsts = [min(s.versions) for s in group.samples if s.versions]
+        return min([*firsts, self._admitted_at.get(group_id, self.version)]) + self.algo.max_staleness
+
     def _discard(self, group_id: str) -> None:
         """DAPO dynamic sampling: a group without signal frees its staleness slot, so admission
         starts a new prompt in its place and every batch still has B groups with signal."""
         del self.in_progress[group_id]
+        self._admitted_at.pop(group_id, None)
         self.staleness.on_rejected()
         self.counters.discarded_groups += 1
         self.counters.discards_in_a_row += 1
@@ -211,10 +273,59 @@ class RolloutController:
                 "raise algo.max_discarded_groups or set algo.filter_uniform_groups=false"
             )
 
-    async def _run_sample(self, prompt: Prompt, state: SampleState) -> None:
-        """Generate one answer, continuing it across interruptions until stop or length."""
-        rid = f"{self.run_nonce}-{state.sample_id}"
-        await self.generation.run(rid, prompt.input_ids, state, self.sampling)
+    async def _run_episode(self, prompt: Prompt, state: SampleState, workflow) -> None:
+        """One episode through the workflow (a restored one replays its recording first).
+        The single_turn fast path passes `single_turn.answer`: generation only, scored by the group."""
+        ctx = EpisodeContext(
+            prompt, self.rollout.workflow, state, self.episode_services, f"{self.run_nonce}-{state.sample_id}"
+        )
+        if workflow is single_turn.answer:
+            await workflow(ctx)
+        else:
+            await run_episode(workflow, ctx)
+        self.counters.episodes += 1
+        self.counters.episode_turns += state.num_turns
+        self.counters.episode_tool_calls += state.num_tool_calls
+
+    async def _generate_turn(
+        self, rid: str, prompt_ids: list[int], state: SampleState, max_new_tokens: int, stop
+    ) -> str:
+        sampling = (
+            self.sampling
+            if max_new_tokens == self.sampling.max_new_tokens and stop is None
+            else replace(
+                self.sampling,
+                max_new_tokens=max_new_tokens,
+                stop=self.sampling.stop if stop is None else tuple(stop),
+            )
+        )
+        return await self.generation.run(rid, prompt_ids, state, sampling)
+
+    async def _score_one(self, request: RewardRequest) -> RewardResult:
+        (result,) = await self.scorer.score_group([request])
+        return result
+
+    def _resolve_workflow(self):
+        if self._workflow is None:
+            self._workflow = registry.resolve(self.workflow_name)
+        return self._workflow
+
+    @staticmethod
+    def _trajectory(s: SampleState) -> m.SampleTrajectory:
+        return m.SampleTrajectory(
+            sample_id=s.sample_id,
+            output_ids=np.asarray(s.output_ids, dtype=np.int32),
+            logprobs=np.asarray(s.logprobs, dtype=np.float32),
+            versions=np.asarray(s.versions, dtype=np.int32),
+            reward=s.reward,
+            reward_status=s.reward_status,
+            finish_reason=s.finish_reason,
+            num_interruptions=s.interruptions,
+            # None (all ones) for a plain answer: the wire and the trainer see what they always did
+            loss_mask=None if all(s.loss_mask) else np.asarray(s.loss_mask, dtype=np.uint8),
+            num_turns=s.num_turns,
+            num_tool_calls=s.num_tool_calls,
+        )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -286,4 +397,13 @@ class RolloutController:
             "rollout/servers_up": float(len(self.pool.up_slots)),
             "rollout/requeued_groups": float(len(self.requeued)),
             "buffer/discarded_groups": float(c.discarded_groups),
+            "buffer/held_groups": float(c.held_groups),
+            "rollout/turns_per_episode": c.episode_turns / max(c.episodes, 1),
+            "rollout/tool_calls_per_episode": c.episode_tool_calls / max(c.episodes, 1),
         }
+
+
+def _no_encode(text: str) -> list[int]:
+    raise RuntimeError(
+        "this controller was built without a tokenizer (text=EpisodeText(...)): no workflow can encode"
+    )

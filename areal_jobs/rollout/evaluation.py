@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.api import FinishReason, RewardRequest, RewardScorer
 from areal_jobs.data.eval_metrics import ProblemScores, sampled_metrics
 from areal_jobs.data.prompts import Prompt
 from areal_jobs.rollout.generation import GenerationPath, Sampling
-from areal_jobs.rollout.snapshot import PartialSample
 from areal_jobs.samples import SampleRecord
 
 logger = logging.getLogger(__name__)
@@ -79,9 +79,9 @@ async def evaluate_problems(
     n = samples_per_problem
     limiter = asyncio.Semaphore(concurrency)
     nonce = uuid.uuid4().hex[:8]  # request ids stay unique on a server shared across evaluations
-    states = [[PartialSample(f"{i}/{j}") for j in range(n)] for i in range(len(prompts))]
+    states = [[EpisodeState(f"{i}/{j}") for j in range(n)] for i in range(len(prompts))]
 
-    async def one(prompt: Prompt, state: PartialSample) -> None:
+    async def one(prompt: Prompt, state: EpisodeState) -> None:
         async with limiter:
             await path.run(f"eval-{tag}-{nonce}-{state.sample_id}", prompt.input_ids, state, sampling)
 

@@ -10,6 +10,8 @@ interruption and version stamping behave the same for both (a fix to one is a fi
   is raised at once, since failing over would repeat it everywhere;
 - an answer interrupted by a weight update (finish_reason abort) is continued as
   prompt + partial output, under the new weights;
+- a sample is an episode (agent/episode.py): `run` generates its open model turn (the next turn
+  of a multi-turn episode is sent as prompt + every episode token so far);
 - every token keeps its behaviour log-prob and the policy version it was sampled under; a
   segment that may straddle an update carries the older version for all its tokens, so
   staleness is never under-counted.
@@ -21,10 +23,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.api import FinishReason, GenerateRequest
 from areal_jobs.rollout.engine_http import ServerCallError
 from areal_jobs.rollout.server_pool import NoServerAvailable, ServerPool
-from areal_jobs.rollout.snapshot import PartialSample
 
 MAX_SEGMENTS = 10_000  # a sample is re-sent at most this often (every update interrupts it once)
 NO_SERVER_WAIT_S = 1.0  # bounded by MAX_SEGMENTS; servers come back or the job fails
@@ -76,15 +78,17 @@ class GenerationPath:
         """Requests of this path being served right now."""
         return self._in_flight
 
-    async def run(self, rid: str, prompt_ids: list[int], state: PartialSample, sampling: Sampling) -> None:
-        """Generate `state` to stop or length, continuing from the tokens it already holds.
+    async def run(self, rid: str, prompt_ids: list[int], state: EpisodeState, sampling: Sampling) -> str:
+        """Generate the state's model turn to stop or length (up to sampling.max_new_tokens tokens),
+        continuing from the tokens the turn already holds; returns the turn's finish reason.
 
-        `rid` names the sample; segment s is sent as f"{rid}.{s}" (unique on the server)."""
+        `rid` names the turn; segment s is sent as f"{rid}.{s}" (unique on the server)."""
+        turn_start = state.open_turn()
         for segment in range(MAX_SEGMENTS):
-            remaining = sampling.max_new_tokens - len(state.output_ids)
+            produced = len(state.output_ids) - turn_start
+            remaining = sampling.max_new_tokens - produced
             if remaining <= 0:
-                state.finish_reason = FinishReason.length.value
-                return
+                return state.close_turn(FinishReason.length.value)
             await self.running.wait()
             try:
                 slot = self.pool.least_loaded()
@@ -104,7 +108,7 @@ class GenerationPath:
                 # (pause_mode=in_place never flushes the cache: docs/protocols.md)
                 cache_salt=f"v{sent_version}",
             )
-            if state.output_ids:
+            if produced:
                 self.counters.resubmitted_segments += 1
                 self.counters.reprefill_tokens += len(request.input_ids)
             slot.in_flight += 1
@@ -126,14 +130,11 @@ class GenerationPath:
             version = min(sent_version, response.weight_version)
             if response.weight_version > sent_version:
                 self.counters.straddled_segments += 1
-            state.output_ids += response.output_ids
-            state.logprobs += response.logprobs
-            state.versions += [version] * len(response.output_ids)
+            state.add_model_tokens(response.output_ids, response.logprobs, version)
             self.counters.generated_tokens += len(response.output_ids)
             if response.finish_reason is FinishReason.abort:
                 state.interruptions += 1
                 self.counters.interrupted_requests += 1
                 continue
-            state.finish_reason = response.finish_reason.value
-            return
+            return state.close_turn(response.finish_reason.value)
         raise RuntimeError(f"sample {rid} was interrupted {MAX_SEGMENTS} times")

@@ -143,7 +143,7 @@ class ControllerService:
     async def _update_weights_paused(self, req: m.PauseRequest) -> None:
         t0 = time.monotonic()
         ctl, pool = self.ctl, self.pool
-        ctl.on_trained(req.trained_group_ids)
+        ctl.on_trained(req.trained_group_ids, req.version)
         ctl.stop_sending()
         marks = [("start", t0)]  # stage timings, logged: where an update spends its time
         members: list[int] = []  # the servers this update is for

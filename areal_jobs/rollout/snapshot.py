@@ -1,8 +1,10 @@
 """The controller's half of a checkpoint: everything needed to resume rollout exactly.
 
     controller.json   version, prompt-stream position, staleness counters, re-queued prompts,
-                      counters, and every group in progress with each sample's tokens, behaviour
-                      log-probs and policy versions so far (a resumed sample continues from them)
+                      counters, and every group in progress with each sample's episode so far
+                      (agent/episode.py: tokens, loss mask, behaviour log-probs, policy versions,
+                      the recorded turns and tool calls, and the reward of finished episodes); a
+                      resumed episode replays its recording and continues the turn in progress
     groups.bin        trajectory groups pushed to the trainer but not trained by this step,
                       in the wire codec's frames (length-prefixed), re-sent on resume
 
@@ -18,28 +20,21 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.transport import codec
 from areal_jobs.transport import messages as m
 
 _DISK_TOKEN = "checkpoint"  # groups on disk are not on the wire; the codec still checks a token
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: samples are episodes (EpisodeState)
 
-
-@dataclass
-class PartialSample:
-    sample_id: str
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    interruptions: int = 0
-    finish_reason: str = ""  # "" while the sample is still being generated
+PartialSample = EpisodeState  # the name of a sample in progress before episodes (issue 15)
 
 
 @dataclass
 class PartialGroup:
     data_index: int
     attempt: int
-    samples: list[PartialSample]
+    samples: list[EpisodeState]
 
 
 @dataclass
@@ -77,7 +72,7 @@ def load_snapshot(folder: Path) -> ControllerSnapshot:
     if meta.pop("snapshot_version", None) != SNAPSHOT_VERSION:
         raise ValueError(f"{folder}/controller.json was written by another areal_jobs version")
     partial = [
-        PartialGroup(g["data_index"], g["attempt"], [PartialSample(**s) for s in g["samples"]])
+        PartialGroup(g["data_index"], g["attempt"], [EpisodeState(**s) for s in g["samples"]])
         for g in meta.pop("partial")
     ]
     requeued = [tuple(x) for x in meta.pop("requeued")]

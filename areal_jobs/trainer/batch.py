@@ -2,6 +2,8 @@
 
 Pure: numpy only. The backends turn `TrainBatch` into packed tensors.
 Per sample: input_ids [L] = prompt [p] + output [n]; behav_logprobs and versions are [n].
+A multi-turn episode's output holds environment tokens too: its loss mask (1 on model tokens) is
+ANDed with the truncation mask (algo.mask_truncated), so only the model's own tokens train.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def assemble(
             if s.num_tokens == 0:
                 continue  # nothing to train on (e.g. the server stopped immediately)
             truncated = algo.mask_truncated and s.finish_reason == "length"
+            # episode mask AND not truncated: None (all ones) stays None, as for a plain answer
             batch.samples.append(
                 TrainSample(
                     sample_id=s.sample_id,
@@ -63,7 +66,7 @@ def assemble(
                     versions=s.versions.astype(np.int32),
                     advantage=float(adv),
                     reward=float(reward),
-                    loss_mask=np.zeros(s.num_tokens, np.uint8) if truncated else None,
+                    loss_mask=np.zeros(s.num_tokens, np.uint8) if truncated else s.loss_mask,
                 )
             )
     if algo.adv_batch_norm and batch.samples:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -39,13 +38,11 @@ from megatron.core.distributed import (
     finalize_model_grads,
 )
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
-from areal_jobs.data.packing import pack
 from areal_jobs.trainer import megatron_model, megatron_weights
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
@@ -53,31 +50,11 @@ from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
 from areal_jobs.trainer.megatron_convert import ModelDims, ParamMap, param_maps
 from areal_jobs.trainer.megatron_dist import init_distributed
+from areal_jobs.trainer.megatron_microbatch import MicroBatch, build_microbatch
 
 logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {DType.float32: torch.float32, DType.bfloat16: torch.bfloat16}
-
-
-@dataclass
-class _MicroBatch:
-    """One packed micro-batch of this DP rank. T tokens in one row, n output tokens."""
-
-    input_ids: torch.Tensor  # int64 [1, T]
-    position_ids: torch.Tensor  # int64 [1, T], restarting at 0 per sequence
-    labels: torch.Tensor  # int64 [T]: the next token in the row
-    out_index: torch.Tensor  # int64 [n]: positions whose next token is an output token
-    behav_logp: torch.Tensor  # float32 [n]
-    advantages: torch.Tensor  # float32 [n]
-    token_weight: torch.Tensor  # float32 [n]: the loss aggregation weight, 0 on masked tokens
-    seq_index: torch.Tensor  # int64 [n]: which sample of the micro-batch each output token is from
-    attention_mask: torch.Tensor | None  # bool [1, 1, T, T], True = masked (local spec)
-    packed_seq_params: PackedSeqParams | None  # THD (TransformerEngine)
-    prox_logp: torch.Tensor | None = None  # float32 [n], filled before the gradient pass
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
 
 
 class MegatronBackend:
@@ -189,7 +166,9 @@ class MegatronBackend:
         # one optimiser step over the whole batch (algo.ppo_minibatches > 1 is refused in config)
         agg = token_weights([s.mask() for s in batch.samples], self._algo.loss_agg, batch.max_new_tokens)
         microbatches = [
-            self._microbatch([batch.samples[i] for i in mb], [agg[i] for i in mb])
+            build_microbatch(
+                [batch.samples[i] for i in mb], [agg[i] for i in mb], device=self._device, use_te=self._use_te
+            )
             for mb in plan[self._dp_rank]
         ]
 
@@ -221,60 +200,7 @@ class MegatronBackend:
             "time/train_s": time.perf_counter() - start,
         }
 
-    def _microbatch(self, samples: list[TrainSample], agg: list[np.ndarray] | None = None) -> _MicroBatch:
-        dev = self._device
-        if not samples:  # an empty micro-batch keeps every DP rank's schedule the same length
-            seqs, prompts = [np.zeros(1, dtype=np.int64)], [1]
-        else:
-            seqs, prompts = (
-                [s.input_ids for s in samples],
-                [s.num_prompt_tokens for s in samples],
-            )
-        packed = pack(seqs)
-        starts = packed.cu_seqlens[:-1]
-        out_index = np.concatenate(
-            [np.arange(s + p - 1, s + len(q) - 1) for s, p, q in zip(starts, prompts, seqs, strict=True)]
-        ).astype(np.int64)
-        n = int(out_index.shape[0])
-        behav = np.concatenate([s.behav_logprobs for s in samples]) if samples else np.zeros(0, np.float32)
-        adv = (
-            np.concatenate([np.full(s.num_output_tokens, s.advantage, np.float32) for s in samples])
-            if samples
-            else behav
-        )
-        weight = np.concatenate(agg) if samples and agg is not None else np.zeros(n, np.float64)
-        seq_index = np.repeat(np.arange(len(samples)), [s.num_output_tokens for s in samples])
-        ids = torch.as_tensor(packed.input_ids, device=dev)
-        mask, psp = None, None
-        if self._use_te:
-            cu = torch.as_tensor(packed.cu_seqlens, dtype=torch.int32, device=dev)
-            longest = int(np.diff(packed.cu_seqlens).max())
-            psp = PackedSeqParams(
-                qkv_format="thd",
-                cu_seqlens_q=cu,
-                cu_seqlens_kv=cu,
-                max_seqlen_q=longest,
-                max_seqlen_kv=longest,
-            )
-        else:
-            lengths = torch.as_tensor(np.diff(packed.cu_seqlens), device=dev)
-            segment = torch.repeat_interleave(torch.arange(len(seqs), device=dev), lengths)
-            causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=dev).tril()
-            mask = ~((segment[:, None] == segment[None, :]) & causal)[None, None]
-        return _MicroBatch(
-            input_ids=ids[None],
-            position_ids=torch.as_tensor(packed.position_ids, device=dev)[None],
-            labels=torch.roll(ids, -1),
-            out_index=torch.as_tensor(out_index, device=dev),
-            behav_logp=torch.as_tensor(behav, dtype=torch.float32, device=dev),
-            advantages=torch.as_tensor(adv, dtype=torch.float32, device=dev),
-            token_weight=torch.as_tensor(weight, dtype=torch.float32, device=dev),
-            seq_index=torch.as_tensor(seq_index, dtype=torch.int64, device=dev),
-            attention_mask=mask,
-            packed_seq_params=psp,
-        )
-
-    def _run_schedule(self, microbatches: list[_MicroBatch], loss_fn, *, forward_only: bool) -> list[dict]:
+    def _run_schedule(self, microbatches: list[MicroBatch], loss_fn, *, forward_only: bool) -> list[dict]:
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             output = model(
@@ -313,7 +239,7 @@ class MegatronBackend:
         ]
         gather = tensor_parallel.gather_from_tensor_model_parallel_region
 
-        def keep_logits(mb: _MicroBatch, logits: torch.Tensor):
+        def keep_logits(mb: MicroBatch, logits: torch.Tensor):
             full = gather(logits[0].float())[:, : self.dims.vocab_size]
             return (
                 logits.new_zeros(()),
@@ -321,10 +247,14 @@ class MegatronBackend:
                 {"logits": full},
             )
 
-        outputs = self._run_schedule([self._microbatch(samples)], keep_logits, forward_only=True)
+        outputs = self._run_schedule(
+            [build_microbatch(samples, device=self._device, use_te=self._use_te)],
+            keep_logits,
+            forward_only=True,
+        )
         return outputs[0]["logits"] if outputs else None
 
-    def token_logprobs(self, logits: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
+    def token_logprobs(self, logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
         """logits [1, T, Vp/tp] (vocab-parallel) -> log-probs of the output tokens [n]."""
         logits = logits[0].float()
         if self._pad_vocab_mask is not None:
@@ -332,7 +262,7 @@ class MegatronBackend:
         nll = tensor_parallel.vocab_parallel_cross_entropy(logits[:, None], mb.labels[:, None])
         return -nll[:, 0].index_select(0, mb.out_index)
 
-    def _logp_loss(self, mb: _MicroBatch, logits: torch.Tensor):
+    def _logp_loss(self, mb: MicroBatch, logits: torch.Tensor):
         logp = self.token_logprobs(logits, mb)
         return (
             logits.new_zeros(()),
@@ -341,7 +271,7 @@ class MegatronBackend:
         )
 
     @torch.no_grad()
-    def token_entropy(self, logits: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
+    def token_entropy(self, logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
         """Entropy of the policy at the output positions [n], from vocab-parallel logits:
         H = log Σ e^l - Σ e^l l / Σ e^l, each sum all-reduced over the TP group."""
         if mb.out_index.numel() == 0:  # an empty micro-batch: its TP peers skip alike (same data)
@@ -358,7 +288,7 @@ class MegatronBackend:
         dist.all_reduce(sums, group=group)
         return sums[0].log() - sums[1] / sums[0]
 
-    def _ppo_loss(self, mb: _MicroBatch, logits: torch.Tensor):
+    def _ppo_loss(self, mb: MicroBatch, logits: torch.Tensor):
         assert mb.prox_logp is not None
         # entropy first: vocab_parallel_cross_entropy works in place on the logits it is given
         entropy = self.token_entropy(logits, mb)
@@ -379,7 +309,7 @@ class MegatronBackend:
             {"loss": loss.detach(), "stats": stats},
         )
 
-    def _reduce_metrics(self, outputs: list[dict], microbatches: list[_MicroBatch]) -> dict[str, float]:
+    def _reduce_metrics(self, outputs: list[dict], microbatches: list[MicroBatch]) -> dict[str, float]:
         """Loss and PPO statistics of the last stage, summed over DP ranks onto global rank 0."""
         stats = LossStats()
         loss = prox_gap = 0.0

@@ -7,6 +7,9 @@ Trajectory group (multipart, DESIGN.md section 3):
   frame 2  output token ids           int32   [sum n_i], samples back to back
   frame 3  behaviour log-probs        float32 [sum n_i]
   frame 4  per-token policy versions  int32   [sum n_i]
+  frame 5  loss masks                 uint8   [sum n_i over samples with "has_loss_mask": 1];
+           only when some sample has one (episodes with environment tokens), so a single-turn
+           group is the same 5 frames it always was
 Every decode checks the schema version, the job token and every length, and raises
 `MessageError` naming what is wrong. A malformed message is rejected, never half-applied.
 """
@@ -27,6 +30,7 @@ from areal_jobs.transport import messages as m
 _KINDS: dict[str, type] = {cls.__name__: cls for cls in m.CONTROL_MESSAGES}
 _I32 = np.dtype("<i4")
 _F32 = np.dtype("<f4")
+_U8 = np.dtype("u1")
 _MAX_HEADER_BYTES = 16 << 20
 
 
@@ -68,6 +72,9 @@ def encode_group(group: m.TrajectoryGroup, token: str) -> list[bytes]:
             "reward_status": s.reward_status,
             "finish_reason": s.finish_reason,
             "num_interruptions": int(s.num_interruptions),
+            "num_turns": int(s.num_turns),
+            "num_tool_calls": int(s.num_tool_calls),
+            "has_loss_mask": int(s.loss_mask is not None),  # int: the codec refuses JSON booleans
         }
         for s in group.samples
     ]
@@ -90,18 +97,22 @@ def encode_group(group: m.TrajectoryGroup, token: str) -> list[bytes]:
             return b""
         return np.concatenate([np.asarray(a, dtype=dtype).reshape(-1) for a in arrays]).tobytes()
 
-    return [
+    frames = [
         json.dumps(header).encode(),
         np.asarray(group.prompt_ids, dtype=_I32).tobytes(),
         cat([s.output_ids for s in group.samples], _I32),
         cat([s.logprobs for s in group.samples], _F32),
         cat([s.versions for s in group.samples], _I32),
     ]
+    masks = [s.loss_mask for s in group.samples if s.loss_mask is not None]
+    return frames + [cat(masks, _U8)] if masks else frames
 
 
 def decode_group(frames: list[bytes], token: str) -> m.TrajectoryGroup:
-    if len(frames) != 5:
-        raise MessageError(f"trajectory message needs 5 frames (header + 4 arrays), got {len(frames)}")
+    if len(frames) not in (5, 6):
+        raise MessageError(
+            f"trajectory message needs 5 frames (header + 4 arrays), 6 with loss masks; got {len(frames)}"
+        )
     head = _parse_json(frames[0], "trajectory header")
     _check_envelope(head, token)
     if head.get("kind") != "TrajectoryGroup":
@@ -123,9 +134,20 @@ def decode_group(frames: list[bytes], token: str) -> m.TrajectoryGroup:
         raise MessageError("log-probs must be finite and <= 0")
     if total and int(versions.min()) < 0:
         raise MessageError("policy versions must be >= 0")
-    out, start = [], 0
-    for s, n in zip(samples, lengths):
+    masked = [_field(s, "has_loss_mask", int, "sample") for s in samples]
+    if any(flag not in (0, 1) for flag in masked):
+        raise MessageError(f"has_loss_mask must be 0 or 1, got {masked}")
+    num_masked = sum(n for n, flag in zip(lengths, masked) if flag)
+    if (len(frames) == 6) != any(masked):
+        raise MessageError("the loss-mask frame must be present exactly when a sample has has_loss_mask 1")
+    masks = _array(frames[5], _U8, num_masked, "loss masks") if any(masked) else np.zeros(0, _U8)
+    if masks.size and int(masks.max()) > 1:
+        raise MessageError("loss masks must be 0 or 1")
+    out, start, mask_start = [], 0, 0
+    for s, n, flag in zip(samples, lengths, masked):
         end = start + n
+        mask = masks[mask_start : mask_start + n] if flag else None
+        mask_start += n if flag else 0
         out.append(
             m.SampleTrajectory(
                 sample_id=_field(s, "sample_id", str, "sample"),
@@ -136,6 +158,9 @@ def decode_group(frames: list[bytes], token: str) -> m.TrajectoryGroup:
                 reward_status=_field(s, "reward_status", str, "sample"),
                 finish_reason=_field(s, "finish_reason", str, "sample"),
                 num_interruptions=_field(s, "num_interruptions", int, "sample"),
+                loss_mask=mask,
+                num_turns=_field(s, "num_turns", int, "sample"),
+                num_tool_calls=_field(s, "num_tool_calls", int, "sample"),
             )
         )
         start = end

@@ -3,6 +3,8 @@
 Trajectories travel as `TrajectoryGroup` (one per prompt: all G samples, so group-normalised
 advantages never wait across messages). Control messages are small and JSON-encoded.
 Array legend: [n] = one entry per output token of a sample; [p] = one per prompt token.
+A sample is an episode (agent/episode.py): its output tokens are model turns and environment
+tokens back to back, told apart by `loss_mask`.
 Adding a feature means adding a typed field or a new kind here, never a key in a metadata dict.
 """
 
@@ -14,27 +16,35 @@ import numpy as np
 
 from areal_jobs.api import WeightSender
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: episodes (loss_mask, num_turns, num_tool_calls)
 
 # ------------------------------------------------------------------------------ trajectories
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class SampleTrajectory:
-    """One sampled answer. Every output token keeps its behaviour log-prob and policy version."""
+    """One episode: a sampled answer, or model turns with environment tokens between them.
+    Every model token keeps its behaviour log-prob and policy version."""
 
     sample_id: str  # "<group_id>/<i>"
     output_ids: np.ndarray  # int32 [n]
-    logprobs: np.ndarray  # float32 [n], log pi_behaviour(token) when it was sampled
-    versions: np.ndarray  # int32 [n], policy version each token was sampled under
+    logprobs: np.ndarray  # float32 [n], log pi_behaviour(token) when it was sampled; 0.0 where loss_mask is 0
+    versions: np.ndarray  # int32 [n], policy version each token was sampled (environment: appended) under
     reward: float
-    reward_status: str  # api.RewardStatus value; anything but "ok" is counted in metrics
-    finish_reason: str  # "stop" | "length"
+    reward_status: str  # api.RewardStatus value or "error" (agent.EpisodeError); not "ok" is counted
+    finish_reason: str  # of the last model turn: "stop" | "length"
     num_interruptions: int  # weight updates this sample lived through
+    loss_mask: np.ndarray | None = None  # uint8 [n]: 1 on model tokens, 0 on environment tokens; None = all 1
+    num_turns: int = 1  # model turns
+    num_tool_calls: int = 0
 
     @property
     def num_tokens(self) -> int:
         return int(self.output_ids.shape[0])
+
+    def model_versions(self) -> np.ndarray:
+        """int32 [<= n]: the versions of the model's tokens (what decides freshness)."""
+        return self.versions if self.loss_mask is None else self.versions[self.loss_mask.astype(bool)]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -51,12 +61,15 @@ class TrajectoryGroup:
 
     @property
     def oldest_version(self) -> int:
-        """The staleness bound is checked against the oldest token of any sample."""
-        return min((int(s.versions.min()) for s in self.samples if s.num_tokens), default=0)
+        """The staleness bound is checked against the oldest model token of any sample
+        (environment tokens are never older than the model tokens before them)."""
+        found = [s.model_versions() for s in self.samples]
+        return min((int(v.min()) for v in found if v.size), default=0)
 
     @property
     def newest_version(self) -> int:
-        return max((int(s.versions.max()) for s in self.samples if s.num_tokens), default=0)
+        found = [s.model_versions() for s in self.samples]
+        return max((int(v.max()) for v in found if v.size), default=0)
 
 
 # ------------------------------------------------------------------------------ control

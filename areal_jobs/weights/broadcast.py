@@ -53,6 +53,24 @@ class WeightBroadcastGroup:
         # uses its own key prefix (the generation-named group), as SGLang does on its side.
         self._store: dist.TCPStore | None = None
 
+    def listen(self) -> int:
+        """Bind the rendezvous store now and return its port (idempotent). Port 0: the kernel
+        picks a free one at bind time. A port picked earlier and bound only at the first update
+        could meanwhile be taken by another process of the job (seen: the controller's control
+        socket took it, and the first update failed with EADDRINUSE)."""
+        if self._store is None:
+            self._store = dist.TCPStore(
+                self.master_address,
+                self.master_port,
+                None,
+                True,
+                timedelta(seconds=self.timeout_s),
+                wait_for_workers=False,
+                multi_tenant=True,
+            )
+            self.master_port = self._store.port
+        return self.master_port
+
     @property
     def ready(self) -> bool:
         return self._group is not None
@@ -66,16 +84,7 @@ class WeightBroadcastGroup:
         timeout = timedelta(seconds=self.timeout_s)
         t0 = time.monotonic()
         try:
-            if self._store is None:
-                self._store = dist.TCPStore(
-                    self.master_address,
-                    self.master_port,
-                    None,
-                    True,
-                    timeout,
-                    wait_for_workers=False,
-                    multi_tenant=True,
-                )
+            self.listen()
             self._store.set_timeout(timeout)
             store = PrefixStore(self.group_name, self._store)
             self._group, _ = _new_process_group_helper(

@@ -13,7 +13,6 @@ import os
 from areal_jobs.api import TrainBackend, WeightSender
 from areal_jobs.config import WeightSyncConfig
 from areal_jobs.transport import messages as m
-from areal_jobs.transport.discovery import free_port
 from areal_jobs.weights.broadcast import BroadcastTimeout, WeightBroadcastGroup
 from areal_jobs.weights.buckets import plan_buckets
 
@@ -36,10 +35,11 @@ class StageSender:
         if not specs:
             return cls(backend, None, None)
         host = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
-        port = cfg.master_port + stage if cfg.master_port else free_port(host)
+        port = cfg.master_port + stage if cfg.master_port else 0  # 0: bound now, on a free port
         group = WeightBroadcastGroup(
             f"areal-weights-s{stage}", host, port, cfg.backend.value, cfg.step_timeout_s
         )
+        port = group.listen()
         buckets = tuple(plan_buckets(specs, cfg.bucket_bytes))
         return cls(backend, WeightSender(group.base_name, host, port, buckets), group)
 

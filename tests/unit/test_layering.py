@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     ("transport", {"areal_jobs.transport"}),
     ("components", {"areal_jobs.data", "areal_jobs.reward", "areal_jobs.weights"}),
+    # episodes: workflows, tools and the OpenAI-compatible endpoint, run inside the controller
     ("agent", {"areal_jobs.agent"}),
     ("roles", {"areal_jobs.rollout", "areal_jobs.trainer"}),
     ("launch", {"launch"}),

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from areal_jobs.data.staleness import StalenessManager, is_fresh
+from areal_jobs.data.staleness import StalenessManager, is_fresh, may_push
 
 
 def admit_all(mgr: StalenessManager, version: int) -> int:
@@ -101,3 +101,32 @@ def test_thread_safety_never_over_admits():
         t.join(timeout=30)
     assert sum(admitted) == (eta + 1) * b
     assert mgr.state.running == (eta + 1) * b
+
+
+def test_may_push_worked_example_from_the_docstring():
+    # B = 2, trainer at version 5, a long answer in flight that must train by version 6
+    assert may_push(9, version=5, unacked=2, in_flight_deadlines=[6], batch_size=2)
+    assert not may_push(9, version=5, unacked=3, in_flight_deadlines=[6], batch_size=2)
+
+
+def test_may_push_earliest_deadline_always_goes():
+    # nothing in flight is due before it: the hold can never block the group everyone waits for
+    assert may_push(6, version=5, unacked=50, in_flight_deadlines=[6, 7, 9], batch_size=2)
+
+
+def test_may_push_ignores_groups_past_their_deadline():
+    # deadline 4 < version 5: that group expires whatever we do, so it holds nothing back
+    assert may_push(9, version=5, unacked=3, in_flight_deadlines=[4], batch_size=2)
+
+
+def test_may_push_counts_every_earlier_in_flight_group():
+    # two groups due at version 5 need both slots of batch 5: no other group may take one
+    assert not may_push(8, version=5, unacked=0, in_flight_deadlines=[5, 5], batch_size=2)
+    assert may_push(8, version=5, unacked=0, in_flight_deadlines=[5], batch_size=2)
+    # with a later deadline for one of them, batch 6 has room too: 0 + 1 + 2 <= 4
+    assert may_push(8, version=5, unacked=0, in_flight_deadlines=[5, 6], batch_size=2)
+
+
+def test_may_push_with_eta_zero_changes_nothing():
+    # synchronous: every group is due at the version it was admitted under
+    assert may_push(3, version=3, unacked=1, in_flight_deadlines=[3, 3], batch_size=4)

@@ -258,3 +258,59 @@ def test_an_expired_group_is_generated_again_as_its_next_attempt():
     pushed = asyncio.run(go())
     assert [(g.data_index, g.attempt) for g in pushed] == [(0, 0), (0, 1), (0, 2)]
     assert len({g.group_id for g in pushed}) == 3
+
+
+def _train_until_long_group_done(ctl, server, pushed, eta, max_steps=40):
+    """A trainer stand-in: oldest group first, B = 1, the trainer's freshness check; returns the
+    (data_index, staleness) trained and the data indices expired, until prompt 0 (the long
+    answer) is trained or expired."""
+
+    async def go():
+        task = asyncio.create_task(ctl.admission_loop())
+        version, taken, trained, expired = 0, 0, [], []
+        for _ in range(max_steps):
+            await until(lambda n=taken: len(pushed) > n)
+            group = min(pushed[taken:], key=lambda g: g.oldest_version)
+            pushed.remove(group)
+            pushed.insert(taken, group)
+            taken += 1
+            if version - group.oldest_version > eta:
+                expired.append(group.data_index)
+                ctl.on_expired((group.group_id,))
+            else:
+                trained.append((group.data_index, version - group.oldest_version))
+                ctl.on_trained((group.group_id,), version + 1)
+                version += 1
+                server.weight_version = version
+                ctl.on_version(version)
+            if group.data_index == 0:
+                break
+        await ctl.stop()
+        task.cancel()
+        return trained, expired
+
+    return asyncio.run(go())
+
+
+def test_a_long_answer_is_not_overtaken_until_it_expires():
+    """Prompt 0's answer is 25x longer than the others. Short groups finished after it started
+    are held back (may_push) so the trainer cannot step past the long group's deadline: it is
+    trained within eta, never expired and generated again."""
+    server = FakeServer("a", answer_len=lambda ids: 300 if ids[0] == 1 else 12)
+    ctl, pushed = make([server], batch=1, group=2, eta=1, max_new=400)
+    trained, expired = _train_until_long_group_done(ctl, server, pushed, eta=1)
+    assert expired == []
+    assert (0, 1) in trained or (0, 0) in trained
+    assert all(staleness <= 1 for _, staleness in trained)
+    assert ctl.counters.held_groups >= 1
+
+
+def test_without_the_hold_the_long_answer_expires(monkeypatch):
+    """The control: the same run with every group pushed at once expires the long answer."""
+    import areal_jobs.rollout.controller as controller
+
+    monkeypatch.setattr(controller, "may_push", lambda *args: True)
+    server = FakeServer("a", answer_len=lambda ids: 300 if ids[0] == 1 else 12)
+    ctl, pushed = make([server], batch=1, group=2, eta=1, max_new=400)
+    trained, expired = _train_until_long_group_done(ctl, server, pushed, eta=1)
+    assert expired == [0]

@@ -36,7 +36,7 @@ class Controller:
         self.running.set()
         self.version = 0
 
-    def on_trained(self, group_ids) -> None:
+    def on_trained(self, group_ids, version=None) -> None:
         pass
 
     def stop_sending(self) -> None:

@@ -1,5 +1,7 @@
 """Batch assembly: freshness split, advantages per group, per-token staleness."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -75,3 +77,24 @@ def test_batch_whitening_in_assemble():
     batch = assemble([group("g1", [[1, 1, 1], [1]], [1.0, -1.0])], 1, algo)
     # advantages 1 (3 tokens), -1 (1 token): token mean 0.5, unbiased token std 1
     assert [s.advantage for s in batch.samples] == pytest.approx([0.5 / (1 + 1e-5), -1.5 / (1 + 1e-5)])
+
+
+def episode(gid, mask, finish="stop", reward=1.0):
+    n = len(mask)
+    return m.SampleTrajectory(
+        f"{gid}/0", np.arange(n, dtype=np.int32) + 10, np.where(np.array(mask) == 1, -1.0, 0.0).astype(np.float32),
+        np.full(n, 3, np.int32), reward, "ok", finish, 0, loss_mask=np.array(mask, np.uint8), num_turns=2,
+    )  # fmt: skip
+
+
+def test_an_episode_trains_only_its_model_tokens_and_truncation_masks_it_all():
+    # model 2 tokens, user 2 tokens, model 1 token; the truncated episode trains nothing
+    done = episode("g1", [1, 1, 0, 0, 1])
+    cut = episode("g1", [1, 1, 0, 0, 1], finish="length", reward=0.0)
+    g = m.TrajectoryGroup("g1", 1, np.array([1, 2], np.int32), (done, replace(cut, sample_id="g1/1")))
+    batch = assemble([g], trainer_version=3, algo=AlgoConfig(batch_size=1, group_size=2, mask_truncated=True))
+    assert batch.samples[0].mask().tolist() == [1, 1, 0, 0, 1]
+    assert batch.samples[1].mask().tolist() == [0, 0, 0, 0, 0]
+    assert batch.samples[0].input_ids.tolist() == [1, 2, 10, 11, 12, 13, 14]
+    kept = assemble([g], trainer_version=3, algo=AlgoConfig(batch_size=1, group_size=2, mask_truncated=False))
+    assert kept.samples[1].mask().tolist() == [1, 1, 0, 0, 1]

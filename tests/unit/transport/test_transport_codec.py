@@ -162,3 +162,25 @@ def test_bad_group_messages_are_rejected_with_a_reason():
     header["dtypes"]["logprobs"] = "<f8"
     with pytest.raises(codec.MessageError, match="dtypes"):
         codec.decode_group([json.dumps(header).encode(), *good[1:]], TOKEN)
+
+
+def test_episodes_keep_their_loss_masks_turns_and_tool_calls_and_plain_answers_stay_5_frames():
+    plain = make_group((2, 3))
+    ep = m.SampleTrajectory(
+        "g7/2", np.array([4, 5, 6, 7], np.int32), np.array([-1, 0, 0, -1], np.float32), np.array([3, 4, 4, 4], np.int32),
+        0.5, "ok", "stop", 1, loss_mask=np.array([1, 0, 0, 1], np.uint8), num_turns=2, num_tool_calls=1,
+    )  # fmt: skip
+    mixed = m.TrajectoryGroup("g7", 7, plain.prompt_ids, (*plain.samples, ep))
+    assert len(codec.encode_group(plain, TOKEN)) == 5
+    frames = codec.encode_group(mixed, TOKEN)
+    assert len(frames) == 6 and np.frombuffer(frames[5], np.uint8).tolist() == [1, 0, 0, 1]
+    out = codec.decode_group(frames, TOKEN)
+    assert [s.loss_mask is None for s in out.samples] == [True, True, False]
+    assert out.samples[2].loss_mask.tolist() == [1, 0, 0, 1]
+    assert (out.samples[2].num_turns, out.samples[2].num_tool_calls, out.samples[0].num_turns) == (2, 1, 1)
+    with pytest.raises(codec.MessageError, match="loss-mask frame"):
+        codec.decode_group(frames[:5], TOKEN)
+    with pytest.raises(codec.MessageError, match="loss masks"):
+        codec.decode_group([*frames[:5], frames[5][:-1]], TOKEN)
+    with pytest.raises(codec.MessageError, match="0 or 1"):
+        codec.decode_group([*frames[:5], bytes([1, 2, 0, 1])], TOKEN)
