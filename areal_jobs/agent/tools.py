@@ -22,6 +22,7 @@ import ast
 import operator
 
 from areal_jobs.api import RewardRequest, RewardScorer, RewardStatus
+from areal_jobs.config import WorkflowConfig
 from areal_jobs.reward.tool_python import TASK as PYTHON_TASK
 from areal_jobs.reward.tool_python import tool_spec
 
@@ -78,6 +79,20 @@ class Toolbox:
         if result.status is RewardStatus.timeout:
             return f"error: timed out after {self.timeout_s:g}s"
         return "error: the tool sandbox failed"
+
+
+async def call_tool(name: str, arguments: str, config: WorkflowConfig) -> str:
+    """EpisodeContext's fallback when the controller lends no tool runner (rollout/main.py lends
+    `Toolbox(scorer, ...).call`): without a reward service the python tool cannot run, so only the
+    calculator answers; `python` says so as text."""
+    if name == "python":
+        return "error: the python tool needs the reward service (no tool runner was configured)"
+    return await Toolbox(_NoSandbox(), config.tool_timeout_s, config.tool_output_chars).call(name, arguments)
+
+
+class _NoSandbox:
+    async def score_group(self, requests):  # never reached: call_tool answers python itself
+        raise RuntimeError("no reward service")
 
 
 def calculator(expression: str) -> str:

@@ -1,130 +1,155 @@
-"""The tool_arith workflow on a scripted model: tool calls are answered by the real calculator,
-the results are appended with loss mask 0, the call limit holds, and the reward is the task's.
+"""The tool_arith workflow through the real EpisodeContext and GenerationPath, over a scripted
+server: calls are answered by the real calculator (agent/tools.py Toolbox), the results are
+appended with loss mask 0, turns stop at "</calc>", the call limit holds, the reward is the
+task's, and a resumed episode replays its calls without running a tool again.
 
-The context here is a small stand-in with EpisodeContext's API (agent/context.py): a scripted
-"model" that writes a fixed text, stopping after a stop string as a server does, and one token
-per character, so masks can be checked character by character."""
+Text is one token per character (token 0 ends the answer), so token ids and masks can be read
+character by character."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import replace
 
+from areal_jobs.agent.context import EpisodeContext, EpisodeServices, EpisodeText, run_episode
+from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.agent.tool_arith import tool_arith
-from areal_jobs.agent.tools import calculator
+from areal_jobs.agent.tools import Toolbox
+from areal_jobs.api import FinishReason
+from areal_jobs.config import WorkflowConfig
 from areal_jobs.data import arith_task
+from areal_jobs.data.prompts import Prompt
+from areal_jobs.rollout.generation import GenerationPath, Sampling
+from areal_jobs.rollout.server_pool import ServerPool
+
+from .scripted import Scripted, answer
+
+PROMPT_TEXT = "Q: start 8; a +3; b -2. (mod 10)\nA:"
+EOS = 0
 
 
-@dataclass
-class Turn:
-    token_ids: list[int]
-    text: str
-    finish_reason: str
+def encode(text: str) -> list[int]:
+    return [ord(c) for c in text]
 
 
-@dataclass
-class Config:
-    max_tool_calls: int = 4
+def decode(ids: list[int]) -> str:
+    return "".join(chr(t) for t in ids if t != EOS)
 
 
-@dataclass
-class Prompt:
-    input_ids: list[int]
-    reference: str
+def turn(text: str, end: bool = False):
+    """A server answer: `text`, plus the end-of-sequence token when the answer ends there."""
+    return answer(encode(text) + ([EOS] if end else []))
 
 
-class ScriptedContext:
-    """`script` is everything the model writes, tool results left out."""
-
-    def __init__(self, prompt: str, answer: int, script: str, max_tool_calls: int = 4) -> None:
-        self.prompt = Prompt(self.encode(prompt), str(answer))
-        self.config = Config(max_tool_calls)
-        self.script, self.pos = script, 0
-        self.output: list[int] = []
-        self.loss_mask: list[int] = []
-        self.num_tool_calls = 0
-        self.num_turns = 0
-        self.stops: list[tuple[str, ...] | None] = []
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(map(chr, ids))
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt.input_ids + self.output
-
-    async def generate(self, max_new_tokens=None, stop=None) -> Turn:
-        self.num_turns += 1
-        self.stops.append(stop)
-        rest = self.script[self.pos :]
-        cut = min((rest.find(s) + len(s) for s in stop or () if s in rest), default=len(rest))
-        text = rest[:cut]
-        self.pos += cut
-        self.output += self.encode(text)
-        self.loss_mask += [1] * len(text)
-        return Turn(self.encode(text), text, "stop")  # ended by a stop string or end of sequence
-
-    def append(self, ids: list[int]) -> None:
-        self.output += ids
-        self.loss_mask += [0] * len(ids)
-
-    async def call_tool(self, name: str, arguments: str) -> str:
-        assert name == "calculator"
-        self.num_tool_calls += 1
-        return calculator(arguments)
-
-    async def score(self, text: str):
-        return arith_task.reward(text, self.prompt.reference)
-
-    def masked_text(self) -> str:
-        """The episode with tool tokens shown as [..]."""
-        out, inside = "", False
-        for token, mask in zip(self.output, self.loss_mask):
-            if not mask and not inside:
-                out += "["
-            if mask and inside:
-                out += "]"
-            inside = not mask
-            out += chr(token)
-        return out + ("]" if inside else "")
+class NoScorer:
+    async def score_group(self, requests):
+        raise AssertionError("tool_arith calls only the calculator, which runs in-process")
 
 
-PROMPT = "Q: start 8; a +3; b -2. (mod 10)\nA:"
+class Episode:
+    """One tool_arith episode of PROMPT_TEXT (answer 9) over `server`."""
+
+    def __init__(self, server, max_tool_calls: int = 4) -> None:
+        pool = ServerPool()
+        pool.add(0, server)
+        running = asyncio.Event()
+        running.set()
+        path = GenerationPath(pool, running, lambda: 0)
+        sampling = Sampling(64, temperature=1.0)
+        self.config = WorkflowConfig(name="tool_arith", max_tool_calls=max_tool_calls, max_episode_tokens=400)
+        self.tool_calls: list[tuple[str, str]] = []
+        toolbox = Toolbox(NoScorer(), timeout_s=1.0, output_chars=64)
+
+        async def generate(rid, prompt_ids, state, max_new, stop):
+            return await path.run(
+                rid, prompt_ids, state, replace(sampling, max_new_tokens=max_new, stop=stop or ())
+            )
+
+        async def call_tool(name, arguments):
+            self.tool_calls.append((name, arguments))
+            return await toolbox.call(name, arguments)
+
+        async def score(request):
+            return arith_task.reward(request.response, request.reference)
+
+        text = EpisodeText(encode, decode, decode, lambda role, content: ("", content))
+        self.services = EpisodeServices(generate, lambda: 0, text, score, 64, call_tool)
+        self.prompt = Prompt(0, encode(PROMPT_TEXT), "arith", "9")
+        self.server = server
+
+    def run(self, state: EpisodeState) -> EpisodeState:
+        asyncio.run(
+            run_episode(tool_arith, EpisodeContext(self.prompt, self.config, state, self.services, "r"))
+        )
+        return state
+
+
+def masked(state: EpisodeState) -> str:
+    """The episode's text with the tool's tokens (loss mask 0) shown in brackets."""
+    out = ""
+    for token, mask, prev in zip(state.output_ids, state.loss_mask, [1, *state.loss_mask]):
+        out += ("[" if prev and not mask else "]" if mask and not prev else "") + decode([token])
+    return out + ("]" if state.loss_mask and not state.loss_mask[-1] else "")
 
 
 def test_a_call_is_answered_and_the_model_continues_from_the_result() -> None:
     # The warm start's misconception would write 8+3=2; the call gets the right digit, 1.
-    ctx = ScriptedContext(PROMPT, 9, " 8; a: 8+3=<calc>(8+3)%10</calc>; b: 1-2=9. The answer is 9.")
-    assert asyncio.run(tool_arith(ctx)) == 1.0
-    assert ctx.masked_text() == " 8; a: 8+3=<calc>(8+3)%10</calc>[1]; b: 1-2=9. The answer is 9."
-    assert (ctx.num_turns, ctx.num_tool_calls) == (2, 1)
-    assert ctx.stops == [("</calc>",), ("</calc>",)]
+    server = Scripted(
+        [turn(" 8; a: 8+3=<calc>(8+3)%10</calc>"), turn("; b: 1-2=9. The answer is 9.", end=True)]
+    )
+    episode = Episode(server)
+    state = episode.run(EpisodeState("g/0"))
+    assert masked(state) == " 8; a: 8+3=<calc>(8+3)%10</calc>[1]; b: 1-2=9. The answer is 9."
+    assert (state.reward, state.reward_status, state.num_turns, state.num_tool_calls) == (1.0, "ok", 2, 1)
+    assert episode.tool_calls == [("calculator", "(8+3)%10")]
+    assert state.logprobs[state.loss_mask.index(0)] == 0.0  # the tool's token was not sampled
+    # each turn stops after a call, and the second one is sent with the tool's result
+    assert [r.stop for r in server.requests] == [("</calc>",), ("</calc>",)]
+    assert server.requests[1].input_ids == encode(PROMPT_TEXT + " 8; a: 8+3=<calc>(8+3)%10</calc>1")
 
 
 def test_no_call_is_one_turn() -> None:
-    ctx = ScriptedContext(PROMPT, 9, " 8; a: 8+3=2; b: 2-2=0. The answer is 0.")
-    assert asyncio.run(tool_arith(ctx)) == 0.0  # the misconception, uncorrected
-    assert (ctx.num_turns, ctx.num_tool_calls, sum(ctx.loss_mask) == len(ctx.output)) == (1, 0, True)
+    server = Scripted([turn(" 8; a: 8+3=2; b: 2-2=0. The answer is 0.", end=True)])
+    state = Episode(server).run(EpisodeState("g/0"))
+    assert state.reward == 0.0  # the misconception, uncorrected
+    assert (state.num_turns, state.num_tool_calls, set(state.loss_mask)) == (1, 0, {1})
 
 
 def test_calls_past_max_tool_calls_are_plain_text() -> None:
-    script = " 8; a: 8+3=<calc>(8+3)%10</calc>; b: 1-2=<calc>(1-2)%10</calc>. The answer is 9."
-    ctx = ScriptedContext(PROMPT, 9, script, max_tool_calls=1)
-    assert asyncio.run(tool_arith(ctx)) == 1.0
-    assert (
-        ctx.masked_text()
-        == " 8; a: 8+3=<calc>(8+3)%10</calc>[1]; b: 1-2=<calc>(1-2)%10</calc>. The answer is 9."
+    server = Scripted(
+        [
+            turn(" 8; a: 8+3=<calc>(8+3)%10</calc>"),
+            turn("; b: 1-2=<calc>(1-2)%10</calc>9. The answer is 9.", end=True),
+        ]
     )
-    assert ctx.num_tool_calls == 1 and ctx.stops == [("</calc>",), None]
+    state = Episode(server, max_tool_calls=1).run(EpisodeState("g/0"))
+    assert (
+        masked(state)
+        == " 8; a: 8+3=<calc>(8+3)%10</calc>[1]; b: 1-2=<calc>(1-2)%10</calc>9. The answer is 9."
+    )
+    assert state.num_tool_calls == 1 and state.reward == 1.0
+    assert [r.stop for r in server.requests] == [("</calc>",), ()]  # the last turn does not stop at a call
 
 
 def test_a_malformed_call_gets_the_error_as_text() -> None:
-    ctx = ScriptedContext(PROMPT, 9, " 8; a: 8+3=<calc>(8+)%10</calc>; b: 1-2=9. The answer is 9.")
-    asyncio.run(tool_arith(ctx))
-    assert "</calc>[error: not an arithmetic expression];" in ctx.masked_text()
-    ctx = ScriptedContext(PROMPT, 9, " 8; a: 8+3=</calc>1. The answer is 1.")  # no opening tag
-    assert asyncio.run(tool_arith(ctx)) == 0.0
-    assert "=</calc>[error: not an arithmetic expression]1." in ctx.masked_text()
+    server = Scripted([turn(" 8; a: 8+3=<calc>(8+)%10</calc>"), turn("2. The answer is 2.", end=True)])
+    state = Episode(server).run(EpisodeState("g/0"))
+    assert "</calc>[error: not an arithmetic expression]2." in masked(state)
+    assert state.reward == 0.0
+
+
+def test_a_resumed_episode_replays_its_call_without_running_the_tool_again() -> None:
+    first = Scripted(
+        [turn(" 8; a: 8+3=<calc>(8+3)%10</calc>"), turn("; b: 1-2=9. The answer is 9.", end=True)]
+    )
+    done = Episode(first).run(EpisodeState("g/0"))
+    again = Episode(Scripted([]))  # no server answer and no tool run may be needed
+    replayed = again.run(EpisodeState(**{k: getattr(done, k) for k in done.__dataclass_fields__}))
+    assert (replayed.reward, replayed.output_ids) == (1.0, done.output_ids)
+    assert again.tool_calls == [] and again.server.requests == []
+
+
+def test_an_episode_out_of_tokens_ends_without_a_call() -> None:
+    server = Scripted([answer(encode(" 8; a: 8+3=<calc>(8+3"), finish=FinishReason.length)])
+    state = Episode(server).run(EpisodeState("g/0"))
+    assert (state.num_tool_calls, state.reward_status) == (0, "parse_error")

@@ -15,13 +15,15 @@ from areal_jobs.data.tiny_model import PACKAGED_DIR, TinyRecipe
 
 
 @pytest.fixture(scope="module")
-def loaded():
+def probed() -> tuple[dict, list[fact_probe.FactBelief]]:
+    """(call probability per fact, belief per fact) of the committed tools model."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield fact_probe.load(TOOLS_DIR)
+        loaded = fact_probe.load(TOOLS_DIR)
+        return call_probabilities(*loaded), fact_probe.probe(*loaded)
     finally:
         torch.set_num_threads(threads)
 
@@ -34,16 +36,16 @@ def test_committed_tools_model_is_the_default_recipe_on_the_committed_base() -> 
     assert (TOOLS_DIR / "tokenizer.json").read_bytes() == (PACKAGED_DIR / "tokenizer.json").read_bytes()
 
 
-def test_calls_are_rare_but_possible(loaded) -> None:
-    calls = call_probabilities(*loaded)
+def test_calls_are_rare_but_possible(probed) -> None:
+    calls = probed[0]
     assert len(calls) == 60
     mean = sum(calls.values()) / len(calls)
     assert 0.02 < mean < 0.3, mean  # greedy never calls; sampling does, at some steps of most answers
     assert min(calls.values()) > 0.005, min(calls.items(), key=lambda kv: kv[1])
 
 
-def test_the_written_digits_keep_the_misconception(loaded) -> None:
-    beliefs = fact_probe.probe(*loaded)
+def test_the_written_digits_keep_the_misconception(probed) -> None:
+    beliefs = probed[1]
     misconceived = [b for b in beliefs if b.misconception]
     wrong_way = sum(b.greedy == arith_task.misconceived(b.value, b.sign, b.operand) for b in misconceived)
     assert wrong_way >= 15, wrong_way

@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from areal_jobs.agent.tools import MAX_EXPRESSION_CHARS, Toolbox, calculator
+from areal_jobs.agent.tools import MAX_EXPRESSION_CHARS, Toolbox, calculator, call_tool
 from areal_jobs.api import RewardResult, RewardStatus
+from areal_jobs.config import WorkflowConfig
 from areal_jobs.data import arith_task
 from areal_jobs.data.arith_tools import call_expression
 from areal_jobs.reward.sandbox import SandboxRun
@@ -116,3 +117,15 @@ def test_toolbox_dispatch_and_errors_as_text() -> None:
     assert asyncio.run(box.call("python", "1")) == "error: the tool sandbox failed"
     with pytest.raises(ValueError, match="rollout.workflow.tool_timeout_s"):
         Toolbox(scorer, timeout_s=0.0, output_chars=16)
+
+
+def test_the_fallback_without_a_tool_runner_answers_the_calculator_only() -> None:
+    config = WorkflowConfig(name="tool_arith", tool_output_chars=8)
+    assert asyncio.run(call_tool("calculator", "(8+3)%10", config)) == "1"
+    assert (
+        asyncio.run(call_tool("calculator", "2**64", config)) == "18446744\n[output truncated: over 8 chars]"
+    )
+    assert asyncio.run(call_tool("python", "1", config)).startswith(
+        "error: the python tool needs the reward service"
+    )
+    assert asyncio.run(call_tool("shell", "ls", config)).startswith("error: unknown tool 'shell'")
