@@ -85,6 +85,13 @@ def plot_run(run_dir: Path, summary: dict | None = None) -> Path | None:
         ax.plot(*zip(*acc), "o-", label="held-out accuracy (sampled)")
     if greedy:
         ax.plot(*zip(*greedy), "s--", label="held-out accuracy (greedy)")
+    calls = [(r["step"], r["episode/tool_calls"]) for r in rows if r.get("episode/tool_calls")]
+    if calls:  # a tool workflow: calls per episode of each trained batch, on their own scale
+        twin = ax.twinx()
+        twin.plot(*zip(*calls), color="tab:purple", alpha=0.6, label="tool calls per episode (batch)")
+        twin.set_ylabel("tool calls per episode")
+        twin.set_ylim(bottom=0)
+        twin.legend(loc="upper left")
     ax.set_xlabel("training step")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)

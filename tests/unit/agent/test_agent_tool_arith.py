@@ -16,9 +16,11 @@ from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.agent.tool_arith import tool_arith
 from areal_jobs.agent.tools import Toolbox
 from areal_jobs.api import FinishReason
-from areal_jobs.config import WorkflowConfig
+from areal_jobs.config import AlgoConfig, RolloutConfig, WorkflowConfig
 from areal_jobs.data import arith_task
 from areal_jobs.data.prompts import Prompt
+from areal_jobs.rollout.controller import RolloutController
+from areal_jobs.rollout.evaluation import evaluate_problems
 from areal_jobs.rollout.generation import GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 
@@ -153,3 +155,47 @@ def test_an_episode_out_of_tokens_ends_without_a_call() -> None:
     server = Scripted([answer(encode(" 8; a: 8+3=<calc>(8+3"), finish=FinishReason.length)])
     state = Episode(server).run(EpisodeState("g/0"))
     assert (state.num_tool_calls, state.reward_status) == (0, "parse_error")
+
+
+class ArithScorer:
+    async def score_group(self, requests):
+        return [arith_task.reward(r.response, r.reference) for r in requests]
+
+    def metrics(self):
+        return {}
+
+
+def controller(server, workflow: str) -> RolloutController:
+    pool = ServerPool()
+    pool.add(0, server)
+    rollout = RolloutConfig(max_new_tokens=64, workflow=WorkflowConfig(name=workflow, max_episode_tokens=400))
+    text = EpisodeText(encode, decode, decode, lambda role, content: ("", content))
+    return RolloutController(
+        rollout, AlgoConfig(batch_size=1, group_size=2), pool, ArithScorer(), stream=None, decode=decode,
+        push=None, text=text, call_tool=Toolbox(NoScorer(), 1.0, 64).call,
+    )  # fmt: skip
+
+
+def test_evaluation_runs_the_workflow_with_its_tools() -> None:
+    """Held-out accuracy of a tool workflow is measured with its tools (greedy here)."""
+    server = Scripted(
+        [turn(" 8; a: 8+3=<calc>(8+3)%10</calc>"), turn("; b: 1-2=9. The answer is 9.", end=True)]
+    )
+    ctl = controller(server, "tool_arith")
+    path = GenerationPath(ctl.pool, ctl.running, lambda: ctl.version)
+    prompt = Prompt(0, encode(PROMPT_TEXT), "arith", "9")
+    outcome = asyncio.run(
+        evaluate_problems(
+            path,
+            NoScorer(),
+            [prompt],
+            decode,
+            sampling=Sampling(64, temperature=0.0),
+            tag="t",
+            episode=ctl.eval_episodes(path),
+        )  # fmt: skip
+    )
+    assert outcome.summary.accuracy == 1.0
+    assert outcome.problems[0].texts == [" 8; a: 8+3=<calc>(8+3)%10</calc>1; b: 1-2=9. The answer is 9."]
+    assert [(r.stop, r.temperature) for r in server.requests] == [(("</calc>",), 0.0)] * 2
+    assert controller(Scripted([]), "single_turn").eval_episodes(path) is None  # one turn, batch-scored
