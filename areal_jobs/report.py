@@ -22,12 +22,13 @@ FINAL_KEYS = (
     "max_staleness_seen",
     "interrupted_requests",
 )
+OPTIONAL_FINAL_KEYS = ("tool_calls_start", "tool_calls_end")  # tool workflows (trainer/session.py)
 
 
 def final_line(summary: dict) -> str:
     """The one line a run prints at the end (the same keys as summary.json)."""
     parts = []
-    for key in FINAL_KEYS:
+    for key in FINAL_KEYS + tuple(k for k in OPTIONAL_FINAL_KEYS if k in summary):
         value = summary.get(key)
         parts.append(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}")
     return "final: " + " ".join(parts)
