@@ -89,7 +89,13 @@ def plot_run(run_dir: Path, summary: dict | None = None) -> Path | None:
     calls = [(r["step"], r["episode/tool_calls"]) for r in rows if r.get("episode/tool_calls")]
     if calls:  # a tool workflow: calls per episode of each trained batch, on their own scale
         twin = ax.twinx()
-        twin.plot(*zip(*calls), color="tab:purple", alpha=0.6, label="tool calls per episode (batch)")
+        steps, values = zip(*calls)
+        smooth = [
+            sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1])
+            for i in range(len(values))
+        ]
+        twin.plot(steps, values, color="tab:purple", alpha=0.25)
+        twin.plot(steps, smooth, color="tab:purple", label="tool calls per episode (batch, mean of 5)")
         twin.set_ylabel("tool calls per episode")
         twin.set_ylim(bottom=0)
         twin.legend(loc="upper left")
