@@ -29,7 +29,7 @@ from areal_jobs.api import RewardRequest, RewardResult, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
 from areal_jobs.data.staleness import StalenessManager, may_push
-from areal_jobs.rollout.evaluation import EvalEpisode
+from areal_jobs.rollout.evaluation import EvalEpisode, workflow_episodes
 from areal_jobs.rollout.generation import GenerationCounters, GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
@@ -290,27 +290,11 @@ class RolloutController:
 
     def eval_episodes(self, path: GenerationPath) -> EvalEpisode | None:
         """How evaluation runs an answer: None for single_turn (one turn each, scored in a batch,
-        as ever); otherwise an episode of the run's workflow on `path` (evaluation's own counters),
-        so that a tool workflow is measured with its tools."""
+        as ever); otherwise an episode of the run's workflow on `path`, so that a tool workflow
+        is measured with its tools."""
         if self.workflow_name == "single_turn":
             return None
-        workflow = self._resolve_workflow()
-
-        async def episode(prompt: Prompt, state: SampleState, sampling: Sampling, rid: str) -> None:
-            async def generate(
-                rid_: str, prompt_ids: list[int], state_: SampleState, max_new_tokens: int, stop
-            ):
-                turn = replace(
-                    sampling,
-                    max_new_tokens=max_new_tokens,
-                    stop=sampling.stop if stop is None else tuple(stop),
-                )
-                return await path.run(rid_, prompt_ids, state_, turn)
-
-            services = replace(self.episode_services, generate=generate)
-            await run_episode(workflow, EpisodeContext(prompt, self.rollout.workflow, state, services, rid))
-
-        return episode
+        return workflow_episodes(self._resolve_workflow(), self.rollout.workflow, self.episode_services, path)
 
     async def _generate_turn(
         self, rid: str, prompt_ids: list[int], state: SampleState, max_new_tokens: int, stop

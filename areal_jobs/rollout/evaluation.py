@@ -14,10 +14,12 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from areal_jobs.agent.context import EpisodeContext, EpisodeServices, run_episode
 from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.api import FinishReason, RewardRequest, RewardScorer
+from areal_jobs.config import WorkflowConfig
 from areal_jobs.data.eval_metrics import ProblemScores, sampled_metrics
 from areal_jobs.data.prompts import Prompt
 from areal_jobs.rollout.generation import GenerationPath, Sampling
@@ -29,6 +31,25 @@ logger = logging.getLogger(__name__)
 # (prompt, state, sampling, request id) -> None: one held-out episode of the run's workflow,
 # leaving its reward and reward status on the state
 EvalEpisode = Callable[[Prompt, EpisodeState, Sampling, str], Awaitable[None]]
+
+
+def workflow_episodes(
+    workflow, config: WorkflowConfig, services: EpisodeServices, path: GenerationPath
+) -> EvalEpisode:
+    """Held-out episodes of `workflow`: the training episodes' services (text, reward, tools), with
+    every model turn on `path` under the evaluation's sampling."""
+
+    async def episode(prompt: Prompt, state: EpisodeState, sampling: Sampling, rid: str) -> None:
+        async def generate(rid_: str, prompt_ids: list[int], state_: EpisodeState, max_new_tokens: int, stop):
+            stop = sampling.stop if stop is None else tuple(stop)
+            return await path.run(
+                rid_, prompt_ids, state_, replace(sampling, max_new_tokens=max_new_tokens, stop=stop)
+            )
+
+        ctx = EpisodeContext(prompt, config, state, replace(services, generate=generate), rid)
+        await run_episode(workflow, ctx)
+
+    return episode
 
 
 @dataclass(frozen=True)
