@@ -44,6 +44,8 @@ class RewardResult:
     reward: float
     status: RewardStatus = RewardStatus.ok
     detail: str = ""  # short, human-readable reason (never the untrusted output itself)
+    # tool tasks only (reward/tool_python.py): the text the model reads, capped; untrusted
+    output: str = ""
 
 
 class RewardFn(Protocol):

@@ -22,12 +22,13 @@ FINAL_KEYS = (
     "max_staleness_seen",
     "interrupted_requests",
 )
+OPTIONAL_FINAL_KEYS = ("tool_calls_start", "tool_calls_end")  # tool workflows (trainer/session.py)
 
 
 def final_line(summary: dict) -> str:
     """The one line a run prints at the end (the same keys as summary.json)."""
     parts = []
-    for key in FINAL_KEYS:
+    for key in FINAL_KEYS + tuple(k for k in OPTIONAL_FINAL_KEYS if k in summary):
         value = summary.get(key)
         parts.append(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}")
     return "final: " + " ".join(parts)
@@ -85,6 +86,19 @@ def plot_run(run_dir: Path, summary: dict | None = None) -> Path | None:
         ax.plot(*zip(*acc), "o-", label="held-out accuracy (sampled)")
     if greedy:
         ax.plot(*zip(*greedy), "s--", label="held-out accuracy (greedy)")
+    calls = [(r["step"], r["episode/tool_calls"]) for r in rows if r.get("episode/tool_calls")]
+    if calls:  # a tool workflow: calls per episode of each trained batch, on their own scale
+        twin = ax.twinx()
+        steps, values = zip(*calls)
+        smooth = [
+            sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1])
+            for i in range(len(values))
+        ]
+        twin.plot(steps, values, color="tab:purple", alpha=0.25)
+        twin.plot(steps, smooth, color="tab:purple", label="tool calls per episode (batch, mean of 5)")
+        twin.set_ylabel("tool calls per episode")
+        twin.set_ylim(bottom=0)
+        twin.legend(loc="upper left")
     ax.set_xlabel("training step")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)

@@ -243,7 +243,10 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe, phase3_only: bool = False)
 
         opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
         total = recipe.sft_steps + recipe.careless_steps
-        loss = _sft_loop(model, tokenizer, opt, recipe, total, lr12, answer12, SFT_SEED, "warm start (SFT)")
+        loss = sft_loop(
+            model, opt, recipe.sft_tokens_per_step, total, lr12, answer_examples(tokenizer, answer12), SFT_SEED,
+            "warm start (SFT)",
+        )  # fmt: skip
     if recipe.misconception_steps:
         mistakes = random.Random(recipe.seed + 2)
         warmup3 = max(1, recipe.misconception_steps // 10)
@@ -261,18 +264,29 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe, phase3_only: bool = False)
             )[0]  # fmt: skip
 
         opt = torch.optim.AdamW(model.parameters(), lr=recipe.misconception_lr, weight_decay=0.0)
-        loss = _sft_loop(
-            model, tokenizer, opt, recipe, recipe.misconception_steps, lr3, answer3, SFT_SEED + 1,
-            "warm start (misconception)",
+        loss = sft_loop(
+            model, opt, recipe.sft_tokens_per_step, recipe.misconception_steps, lr3,
+            answer_examples(tokenizer, answer3), SFT_SEED + 1, "warm start (misconception)",
         )  # fmt: skip
     model.eval()
     return loss
 
 
-def _sft_loop(model, tokenizer, opt, recipe: TinyRecipe, steps: int, lr_at, answer_at, stream_seed: int,
-              desc: str) -> float:  # fmt: skip
-    """`steps` packed SFT steps on problems `stream_seed`, 0, 1, ...; `answer_at(problem, step)` is
-    the worked answer to imitate (None: the correct one). Returns the last step's loss."""
+def answer_examples(tokenizer, answer_at):
+    """`example_at` for sft_loop from `answer_at(problem, step)`, the worked answer to imitate
+    (None: the correct one): loss on the answer and EOS only."""
+
+    def example_at(problem: arith_task.ArithProblem, step: int) -> tuple[list[int], list[int]]:
+        ids, prompt_len = sft_example(tokenizer, problem, answer_at(problem, step))
+        return ids, [0] * prompt_len + [1] * (len(ids) - prompt_len)
+
+    return example_at
+
+
+def sft_loop(model, opt, tokens_per_step: int, steps: int, lr_at, example_at, stream_seed: int,
+             desc: str) -> float:  # fmt: skip
+    """`steps` packed SFT steps on problems `stream_seed`, 0, 1, ...; `example_at(problem, step)`
+    gives an example's token ids and loss mask. Returns the last step's loss."""
     import numpy as np
     import torch
     from tqdm import tqdm
@@ -285,12 +299,12 @@ def _sft_loop(model, tokenizer, opt, recipe: TinyRecipe, steps: int, lr_at, answ
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         seqs, masks, used = [], [], 0
-        while used < recipe.sft_tokens_per_step:
+        while used < tokens_per_step:
             problem = arith_task.problem_at(stream_seed, index)
             index += 1
-            ids, prompt_len = sft_example(tokenizer, problem, answer_at(problem, step))
+            ids, loss_mask = example_at(problem, step)
             seqs.append(np.asarray(ids))
-            masks.append(np.arange(len(ids)) >= prompt_len)  # loss on the answer and EOS only
+            masks.append(np.asarray(loss_mask, dtype=bool))
             used += len(ids)
         opt.zero_grad(set_to_none=True)
         num_targets = float(sum(int(mk.sum()) for mk in masks))

@@ -110,6 +110,11 @@ def configure(limits: SandboxLimits) -> None:
     _limits = limits
 
 
+def worker_limits() -> SandboxLimits:
+    """This worker's sandbox limits (what `configure` installed), for other sandboxed tasks."""
+    return _limits
+
+
 def extract_program(response: str) -> str:
     """The last fenced code block of `response` (an unclosed final fence runs to the end), else
     the whole response."""

@@ -41,6 +41,7 @@ from areal_jobs.reward.sandbox_mode import resolve_isolation
 logger = logging.getLogger(__name__)
 
 _MAX_DETAIL_CHARS = 200
+_MAX_OUTPUT_CHARS = 16_384  # a tool's text for the model (tool_python caps it itself, far lower)
 _READY_TIMEOUT_S = 120.0  # worker start: imports (math-verify, sympy) and the sandbox self-check
 _SELF_CHECK = "import os\nprint('areal-sandbox-ok', os.getpid())\n"
 
@@ -111,7 +112,14 @@ def _worker_main(conn: Connection, cfg: RewardConfig, index: int) -> None:
             result = RewardResult(
                 0.0, RewardStatus.sandbox_error, f"reward fn raised {type(e).__name__}: {e}"
             )
-        conn.send(RewardResult(result.reward, result.status, result.detail[:_MAX_DETAIL_CHARS]))
+        conn.send(
+            RewardResult(
+                result.reward,
+                result.status,
+                result.detail[:_MAX_DETAIL_CHARS],
+                result.output[:_MAX_OUTPUT_CHARS],
+            )
+        )
 
 
 class _Worker:

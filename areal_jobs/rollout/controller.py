@@ -29,6 +29,7 @@ from areal_jobs.api import RewardRequest, RewardResult, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
 from areal_jobs.data.staleness import StalenessManager, may_push
+from areal_jobs.rollout.evaluation import EvalEpisode, workflow_episodes
 from areal_jobs.rollout.generation import GenerationCounters, GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
@@ -288,6 +289,14 @@ class RolloutController:
         self.counters.episodes += 1
         self.counters.episode_turns += state.num_turns
         self.counters.episode_tool_calls += state.num_tool_calls
+
+    def eval_episodes(self, path: GenerationPath) -> EvalEpisode | None:
+        """How evaluation runs an answer: None for single_turn (one turn each, scored in a batch,
+        as ever); otherwise an episode of the run's workflow on `path`, so that a tool workflow
+        is measured with its tools."""
+        if self.workflow_name == "single_turn":
+            return None
+        return workflow_episodes(self._resolve_workflow(), self.rollout.workflow, self.episode_services, path)
 
     async def _generate_turn(
         self, rid: str, prompt_ids: list[int], state: SampleState, max_new_tokens: int, stop

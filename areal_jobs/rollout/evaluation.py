@@ -13,17 +13,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 
+from areal_jobs.agent.context import EpisodeContext, EpisodeServices, run_episode
 from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.api import FinishReason, RewardRequest, RewardScorer
+from areal_jobs.config import WorkflowConfig
 from areal_jobs.data.eval_metrics import ProblemScores, sampled_metrics
 from areal_jobs.data.prompts import Prompt
 from areal_jobs.rollout.generation import GenerationPath, Sampling
 from areal_jobs.samples import SampleRecord
 
 logger = logging.getLogger(__name__)
+
+
+# (prompt, state, sampling, request id) -> None: one held-out episode of the run's workflow,
+# leaving its reward and reward status on the state
+EvalEpisode = Callable[[Prompt, EpisodeState, Sampling, str], Awaitable[None]]
+
+
+def workflow_episodes(
+    workflow, config: WorkflowConfig, services: EpisodeServices, path: GenerationPath
+) -> EvalEpisode:
+    """Held-out episodes of `workflow`: the training episodes' services (text, reward, tools), with
+    every model turn on `path` under the evaluation's sampling."""
+
+    async def episode(prompt: Prompt, state: EpisodeState, sampling: Sampling, rid: str) -> None:
+        async def generate(rid_: str, prompt_ids: list[int], state_: EpisodeState, max_new_tokens: int, stop):
+            stop = sampling.stop if stop is None else tuple(stop)
+            return await path.run(
+                rid_, prompt_ids, state_, replace(sampling, max_new_tokens=max_new_tokens, stop=stop)
+            )
+
+        ctx = EpisodeContext(prompt, config, state, replace(services, generate=generate), rid)
+        await run_episode(workflow, ctx)
+
+    return episode
 
 
 @dataclass(frozen=True)
@@ -72,8 +98,11 @@ async def evaluate_problems(
     concurrency: int = 64,
     dump: Callable[[list[SampleRecord]], None] | None = None,
     decode_raw: Callable[[list[int]], str] | None = None,
+    episode: EvalEpisode | None = None,
 ) -> EvalOutcome:
-    """n answers per prompt through `path`, scored by `scorer`; pass@1 and pass@k for each k."""
+    """n answers per prompt through `path`, scored by `scorer`; pass@1 and pass@k for each k.
+    `episode`: each answer is an episode of the run's workflow (RolloutController.eval_episodes),
+    which generates on `path` and scores itself; None: one turn each, scored in one batch."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
     n = samples_per_problem
@@ -83,7 +112,11 @@ async def evaluate_problems(
 
     async def one(prompt: Prompt, state: EpisodeState) -> None:
         async with limiter:
-            await path.run(f"eval-{tag}-{nonce}-{state.sample_id}", prompt.input_ids, state, sampling)
+            rid = f"eval-{tag}-{nonce}-{state.sample_id}"
+            if episode is None:
+                await path.run(rid, prompt.input_ids, state, sampling)
+            else:
+                await episode(prompt, state, sampling, rid)
 
     version_before = path.version()
     await asyncio.gather(*(one(p, s) for p, row in zip(prompts, states) for s in row))
@@ -92,8 +125,12 @@ async def evaluate_problems(
         for p, row in zip(prompts, states)
         for s in row
     ]
-    results = await scorer.score_group(requests)
-    rewards = [r.reward for r in results]
+    if episode is None:
+        results = await scorer.score_group(requests)
+        rewards, statuses = [r.reward for r in results], [r.status.value for r in results]
+    else:  # the workflow scored its episode
+        rewards = [s.reward for row in states for s in row]
+        statuses = [s.reward_status for row in states for s in row]
     problems = []
     for i, (prompt, row) in enumerate(zip(prompts, states)):
         problems.append(
@@ -112,10 +149,12 @@ async def evaluate_problems(
     if dump is not None:
         raw = decode_raw or decode
         dump([
-            SampleRecord(tag, version_before, raw(p.input_ids), raw(s.output_ids), r.reward, r.status.value,
+            SampleRecord(tag, version_before, raw(p.input_ids), raw(s.output_ids), reward, status,
                          min(s.versions, default=version_before), max(s.versions, default=version_before),
                          "stop" if s.finish_reason == FinishReason.stop.value else "length")
-            for (p, s), r in zip(((p, s) for p, row in zip(prompts, states) for s in row), results)
+            for (p, s), reward, status in zip(
+                ((p, s) for p, row in zip(prompts, states) for s in row), rewards, statuses
+            )
         ])  # fmt: skip
     by_bucket, sizes = bucket_accuracy(
         [p.bucket for p in prompts], [sum(r >= 1.0 for r in p.rewards) / n for p in problems]

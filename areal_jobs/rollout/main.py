@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from areal_jobs.agent.context import EpisodeText
+from areal_jobs.agent.tools import Toolbox
 from areal_jobs.checkpoint import latest_checkpoint
 from areal_jobs.config import JobConfig, load_job_config
 from areal_jobs.data.prompts import describe_first_prompt, load_prompts
@@ -73,6 +74,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         decode=tokenizer.decode, push=channel.push_group, stop_token_ids=tokenizer.stop_token_ids,
         text=EpisodeText(tokenizer.encode, tokenizer.decode, tokenizer.decode_raw, prompts.format.message_texts),
         max_context_tokens=_context_tokens(model_dir),
+        call_tool=Toolbox(scorer, cfg.rollout.workflow.tool_timeout_s, cfg.rollout.workflow.tool_output_chars).call,
     )  # fmt: skip
     orchestrator = WeightUpdateOrchestrator(pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s)
     service = ControllerService(

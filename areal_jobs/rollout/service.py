@@ -308,7 +308,7 @@ class ControllerService:
         version = self.ctl.version
         common = dict(
             tag=f"{kind}-v{version}", concurrency=self.eval_concurrency,
-            dump=self.dump_samples, decode_raw=self.decode_raw,
+            dump=self.dump_samples, decode_raw=self.decode_raw, episode=self.ctl.eval_episodes(self.eval_path),
         )  # fmt: skip
         sampled = await evaluate(
             self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,

@@ -179,6 +179,9 @@ class TrainLoop:
             "gen/interrupted_samples": float(sum(s.num_interruptions > 0 for s in samples)),
             "gen/truncated_samples": float(sum(s.finish_reason == "length" for s in samples)),
             "gen/truncation_rate": float(np.mean([s.finish_reason == "length" for s in samples])),
+            # per trained batch (the controller's rollout/ counters are run-long means)
+            "episode/turns": float(np.mean([s.num_turns for s in samples])),
+            "episode/tool_calls": float(np.mean([s.num_tool_calls for s in samples])),
             "batch/filtered_groups": float(len(batch.filtered_group_ids)),
             "batch/trained_sequences": float(len(batch.samples)),
         }

@@ -19,7 +19,7 @@ from areal_jobs import checkpoint as ckpt
 from areal_jobs.api import TrainBackend
 from areal_jobs.config import JobConfig
 from areal_jobs.data.tokenizer import load_tokenizer
-from areal_jobs.metrics import build_sink
+from areal_jobs.metrics import build_sink, read_jsonl
 from areal_jobs.report import final_line, length_table, plot_run, write_summary
 from areal_jobs.samples import SampleDump, train_records
 from areal_jobs.trainer.inbox import Inbox
@@ -188,6 +188,23 @@ def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stoppe
         "by_length": by_length(inbox.all_evals),
         # the code sandbox mode in force (reward/isolation_<mode> = 1, see docs/sandbox.md)
         "reward_sandbox": _sandbox_mode(stopped.metrics),
+        **_tool_calls(cfg, run_dir),
+    }
+
+
+def _tool_calls(cfg: JobConfig, run_dir: Path, batches: int = 5) -> dict[str, float]:
+    """Tool workflows: mean tool calls per episode over the first and the last `batches` trained
+    batches (trainer metric episode/tool_calls); nothing for single_turn."""
+    if cfg.rollout.workflow.name == "single_turn" or not (run_dir / "metrics.jsonl").exists():
+        return {}
+    calls = [
+        r["episode/tool_calls"] for r in read_jsonl(run_dir / "metrics.jsonl") if "episode/tool_calls" in r
+    ]
+    if not calls:
+        return {}
+    return {
+        "tool_calls_start": sum(calls[:batches]) / len(calls[:batches]),
+        "tool_calls_end": sum(calls[-batches:]) / len(calls[-batches:]),
     }
 
 

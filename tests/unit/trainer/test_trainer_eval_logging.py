@@ -3,6 +3,7 @@ policy version measured, and the pass@k / greedy keys of summary.json and the fi
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -68,3 +69,17 @@ def test_summary_and_final_line_carry_pass_at_k_start_and_end(tmp_path):
     assert (got["greedy_accuracy_start"], got["greedy_accuracy_end"]) == (0.5, 0.625)
     line = final_line(got)
     assert "pass_at_k_start=0.500 pass_at_k_end=0.875" in line and "accuracy_end=0.750" in line
+
+
+def test_a_tool_workflow_adds_its_tool_calls_to_the_summary_and_final_line(tmp_path):
+    rows = [{"step": i, "episode/tool_calls": float(i)} for i in range(1, 13)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loop = SimpleNamespace(step=12, max_staleness_seen=2, trained_tokens=100, expired_groups=0)
+    inbox = SimpleNamespace(all_evals=evals())
+    stopped = m.Stopped(num_groups_pushed=5, metrics={})
+    cfg = JobConfig()
+    assert "tool_calls_start" not in summary(cfg, tmp_path, loop, inbox, stopped, False, time.time())
+    cfg.rollout.workflow.name = "tool_arith"
+    got = summary(cfg, tmp_path, loop, inbox, stopped, False, time.time())
+    assert (got["tool_calls_start"], got["tool_calls_end"]) == (3.0, 10.0)  # steps 1-5 and 8-12
+    assert final_line(got).endswith("tool_calls_start=3.000 tool_calls_end=10.000")
