@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from areal_jobs.data.staleness import StalenessManager, may_push
 from areal_jobs.rollout.evaluation import EvalEpisode, workflow_episodes
 from areal_jobs.rollout.generation import GenerationCounters, GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
-from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup
+from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup, to_trajectory
 from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class RolloutController:
             workflow = self._resolve_workflow()
             await asyncio.gather(*(self._run_episode(prompt, s, workflow) for s in states if not s.done))
             t_gen = time.monotonic()
-        samples = tuple(self._trajectory(s) for s in states)
+        samples = tuple(to_trajectory(s) for s in states)
         group = m.TrajectoryGroup(
             group_id=group_id,
             data_index=prompt.data_index,
@@ -301,16 +301,7 @@ class RolloutController:
     async def _generate_turn(
         self, rid: str, prompt_ids: list[int], state: SampleState, max_new_tokens: int, stop
     ) -> str:
-        sampling = (
-            self.sampling
-            if max_new_tokens == self.sampling.max_new_tokens and stop is None
-            else replace(
-                self.sampling,
-                max_new_tokens=max_new_tokens,
-                stop=self.sampling.stop if stop is None else tuple(stop),
-            )
-        )
-        return await self.generation.run(rid, prompt_ids, state, sampling)
+        return await self.generation.run(rid, prompt_ids, state, self.sampling.for_turn(max_new_tokens, stop))
 
     async def _score_one(self, request: RewardRequest) -> RewardResult:
         (result,) = await self.scorer.score_group([request])
@@ -320,23 +311,6 @@ class RolloutController:
         if self._workflow is None:
             self._workflow = registry.resolve(self.workflow_name)
         return self._workflow
-
-    @staticmethod
-    def _trajectory(s: SampleState) -> m.SampleTrajectory:
-        return m.SampleTrajectory(
-            sample_id=s.sample_id,
-            output_ids=np.asarray(s.output_ids, dtype=np.int32),
-            logprobs=np.asarray(s.logprobs, dtype=np.float32),
-            versions=np.asarray(s.versions, dtype=np.int32),
-            reward=s.reward,
-            reward_status=s.reward_status,
-            finish_reason=s.finish_reason,
-            num_interruptions=s.interruptions,
-            # None (all ones) for a plain answer: the wire and the trainer see what they always did
-            loss_mask=None if all(s.loss_mask) else np.asarray(s.loss_mask, dtype=np.uint8),
-            num_turns=s.num_turns,
-            num_tool_calls=s.num_tool_calls,
-        )
 
     # ------------------------------------------------------------------ checkpoints
 

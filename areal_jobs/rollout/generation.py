@@ -20,8 +20,8 @@ interruption and version stamping behave the same for both (a fix to one is a fi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.api import FinishReason, GenerateRequest
@@ -55,6 +55,13 @@ class Sampling:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()  # end-of-sequence / end-of-turn ids (kept in the output)
     stop: tuple[str, ...] = ()  # stop strings (kept in the output: the policy learns to stop)
+
+    def for_turn(self, max_new_tokens: int, stop: Sequence[str] | None) -> Sampling:
+        """These settings for one turn of an episode: its token budget, and its stop strings
+        (None: the run's)."""
+        if max_new_tokens == self.max_new_tokens and stop is None:
+            return self
+        return replace(self, max_new_tokens=max_new_tokens, stop=self.stop if stop is None else tuple(stop))
 
 
 class GenerationPath:

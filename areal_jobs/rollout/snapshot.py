@@ -20,6 +20,8 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.transport import codec
 from areal_jobs.transport import messages as m
@@ -51,6 +53,24 @@ class ControllerSnapshot:
     @property
     def num_partial_samples(self) -> int:
         return sum(len(g.samples) for g in self.partial)
+
+
+def to_trajectory(s: EpisodeState) -> m.SampleTrajectory:
+    """A finished episode as the trainer receives it."""
+    return m.SampleTrajectory(
+        sample_id=s.sample_id,
+        output_ids=np.asarray(s.output_ids, dtype=np.int32),
+        logprobs=np.asarray(s.logprobs, dtype=np.float32),
+        versions=np.asarray(s.versions, dtype=np.int32),
+        reward=s.reward,
+        reward_status=s.reward_status,
+        finish_reason=s.finish_reason,
+        num_interruptions=s.interruptions,
+        # None (all ones) for a plain answer: the wire and the trainer see what they always did
+        loss_mask=None if all(s.loss_mask) else np.asarray(s.loss_mask, dtype=np.uint8),
+        num_turns=s.num_turns,
+        num_tool_calls=s.num_tool_calls,
+    )
 
 
 def save_snapshot(snap: ControllerSnapshot, folder: Path) -> None:
