@@ -39,7 +39,7 @@ from areal_jobs.data.arith_tools import (
     segment_ids,
     tool_worked_solution,
 )
-from areal_jobs.data.tiny_model import PACKAGED_DIR, SFT_SEED, TinyRecipe, sft_loop
+from areal_jobs.data.tiny_model import PACKAGED_DIR, SFT_SEED, TinyRecipe, left_pad, sft_loop
 
 logger = logging.getLogger(__name__)
 
@@ -212,19 +212,14 @@ def _tool_episodes(
     for round_index in range(max_tool_calls + 1):
         may_call = round_index < max_tool_calls
         rows = [prompts[i] + outputs[i] for i in active]
-        width = max(map(len, rows))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, row in enumerate(rows):  # left padding: generation continues every row
-            ids[r, width - len(row) :] = torch.tensor(row)
-            mask[r, width - len(row) :] = 1
+        ids, mask = left_pad(rows)
         budget = max(max_episode_tokens - len(outputs[i]) for i in active)
         with torch.no_grad():
             gen = model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=sample,
                 temperature=1.0 if sample else None, top_p=1.0, top_k=0, pad_token_id=eos, eos_token_id=eos,
                 stopping_criteria=[_StopAfterCall(tokenizer, closers)] if may_call else None,
-            )[:, width:].tolist()  # fmt: skip
+            )[:, ids.shape[1] :].tolist()  # fmt: skip
         still = []
         for i, new in zip(active, gen):
             new = new[: max_episode_tokens - len(outputs[i])]

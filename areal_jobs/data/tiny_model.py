@@ -162,6 +162,20 @@ def build_builtin_model(
     return out_dir
 
 
+def left_pad(rows: list[list[int]]):
+    """Token rows as (ids, attention mask) long tensors [len(rows), longest], padded on the left,
+    so that `generate` continues every row from its last token."""
+    import torch
+
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row) :] = torch.tensor(row)
+        mask[r, width - len(row) :] = 1
+    return ids, mask
+
+
 def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) -> dict[str, float]:
     """Accuracy on the held-out stream (data.seed=1), greedy and sampled at temperature 1."""
     import torch
@@ -174,19 +188,14 @@ def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) ->
         for start in range(0, num_prompts, 64):
             chunk = problems[start : start + 64]
             encoded = [tokenizer.encode(p.prompt, add_special_tokens=False) for p in chunk]
-            width = max(map(len, encoded))
-            ids = torch.zeros(len(chunk), width, dtype=torch.long)
-            mask = torch.zeros(len(chunk), width, dtype=torch.long)
-            for row, e in enumerate(encoded):  # left padding: generation continues every prompt
-                ids[row, width - len(e) :] = torch.tensor(e)
-                mask[row, width - len(e) :] = 1
+            ids, mask = left_pad(encoded)
             with torch.no_grad():
                 gen = model.generate(
                     input_ids=ids, attention_mask=mask, max_new_tokens=256, do_sample=sample,
                     temperature=1.0 if sample else None, top_p=1.0, top_k=0, pad_token_id=0, eos_token_id=0,
                 )  # fmt: skip
             for row, p in enumerate(chunk):
-                text = tokenizer.decode(gen[row, width:], skip_special_tokens=True)
+                text = tokenizer.decode(gen[row, ids.shape[1] :], skip_special_tokens=True)
                 correct += arith_task.reward(text, str(p.answer)).reward
         out[name] = correct / num_prompts
     return out
