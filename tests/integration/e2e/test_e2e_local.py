@@ -74,7 +74,9 @@ def run_local(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> Pa
 
 
 def ledger(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    """The complete rows (a test may read while the trainer appends one)."""
+    text = (run_dir / "ledger.jsonl").read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def test_async_run_respects_eta_and_interrupts(tmp_path, tiny_model_dir):
