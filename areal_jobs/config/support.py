@@ -2,7 +2,8 @@
 and the backend contract test (tests/integration/contract/) both read.
 
 Every `AlgoConfig` field is either implemented by every backend, or listed in `LIMITED` with the
-backends that implement a non-default value. A non-default value on another backend is refused
+backends that implement a non-default value, or one of its values is listed in `LIMITED_VALUES`
+with the backends that implement that value. A non-default value on another backend is refused
 when the config is validated (never silently ignored).
 """
 
@@ -22,9 +23,13 @@ LIMITED: dict[str, tuple[str, ...]] = {
     # a reference model is a second frozen copy: only the torch backend keeps one (FSDP and
     # Megatron would need it sharded like the policy)
     "kl_coef": ("torch",),
+}
+
+# (field, value) -> backends that implement that value, for fields whose values differ in support
+LIMITED_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
     # loglinear needs the per-token versions and the version in the loss of every micro-batch;
-    # only the torch backend carries them there (its proximal pass is the one it skips)
-    "prox_logp": ("torch",),
+    # only the torch backend carries them there (current and recompute: every backend)
+    ("prox_logp", "loglinear"): ("torch",),
 }
 
 
@@ -37,6 +42,12 @@ def check_backend_support(algo: AlgoConfig, backend: TrainerBackend) -> None:
             raise ValueError(
                 f"algo.{name}={_shown(value)} is not implemented by trainer={backend.value}; "
                 f"trainer={'/'.join(backends)} implements it (or leave algo.{name}={_shown(default)})"
+            )
+    for (name, value), backends in LIMITED_VALUES.items():
+        if _shown(getattr(algo, name)) == value and backend.value not in backends:
+            raise ValueError(
+                f"algo.{name}={value} is not implemented by trainer={backend.value}; "
+                f"trainer={'/'.join(backends)} implements it (or leave algo.{name}={_shown(getattr(defaults, name))})"
             )
 
 

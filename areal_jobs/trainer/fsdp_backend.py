@@ -6,7 +6,9 @@ One `train_step`, on every rank at once:
   1. rank 0's TrainBatch is broadcast; every rank derives the same plan (trainer/dp_plan.py):
      token-balanced DP shares, packed micro-batches, the same count on every rank (padded with
      empty ones, which run a one-token forward so the FSDP collectives stay in step);
-  2. proximal log-probs of this rank's samples with the pre-step weights (forward only);
+  2. proximal log-probs of this rank's samples with the pre-step weights (forward only), except
+     with algo.prox_logp=current (the default) for the first minibatch, whose gradient pass
+     runs those weights and supplies them (with one minibatch: no proximal pass at all);
   3. the torch backend's schedule: `algo.ppo_minibatches` token-balanced minibatches, each split
      over the DP ranks, the project's `ppo_loss` normalised by the minibatch's output
      tokens, clipping at `trainer.grad_clip` and one AdamW step. FSDP averages gradients over
@@ -33,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config.algo import ProxLogp
 from areal_jobs.trainer import fsdp_state
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
@@ -129,17 +132,30 @@ class FSDPBackend:
         outputs = [s.num_output_tokens for s in samples]
         budget = self.cfg.max_tokens_per_microbatch
         behav = {i: torch.from_numpy(s.behav_logprobs) for i, s in enumerate(samples)}
+        minibatches = _minibatches(outputs, min(self.algo.ppo_minibatches, len(samples)))
         prox = dict(behav)  # standard PPO: the behaviour policy is the trust-region anchor
         gap = torch.zeros(2, dtype=torch.float64)  # sum |prox - behav| and tokens, this rank
+        # prox_logp=current: the first minibatch's gradient pass runs the pre-step weights and
+        # supplies p for its own samples; the pass below covers only the others (the same set on
+        # every rank, so the FSDP collectives stay in step)
+        from_gradient_pass = (
+            set(minibatches[0]) if self.algo.decoupled and self.algo.prox_logp is ProxLogp.current else set()
+        )
         if self.algo.decoupled:
+            need = [i for i in range(len(samples)) if i not in from_gradient_pass]
             with torch.no_grad():
-                for mb in plan_microbatches(lengths, self.world, budget)[self.rank]:
+                for local in (
+                    plan_microbatches([lengths[i] for i in need], self.world, budget)[self.rank]
+                    if need
+                    else []
+                ):
+                    mb = [need[j] for j in local]
                     for i, lp in zip(mb, self._logprobs([samples[i] for i in mb])):
                         prox[i] = lp.detach().cpu()
                         gap += torch.tensor([float((prox[i] - behav[i]).abs().sum()), outputs[i]])
         t_prox = time.perf_counter()
         stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
-        for minibatch in _minibatches(outputs, min(self.algo.ppo_minibatches, len(samples))):
+        for k, minibatch in enumerate(minibatches):
             # aggregation weights over this optimiser step's samples (loss.py), the same on every rank
             agg = step_weights(samples, minibatch, self.algo, batch.max_new_tokens)
             self.optimizer.zero_grad(set_to_none=True)
@@ -151,6 +167,10 @@ class FSDPBackend:
                 if not mb:
                     (self._dummy * self.world).backward()
                     continue
+                if k == 0 and from_gradient_pass:
+                    for i, lp in zip(mb, logp):
+                        prox[i] = lp.detach().cpu()
+                        gap += torch.tensor([float((prox[i] - behav[i]).abs().sum()), outputs[i]])
                 loss, mb_stats = ppo_loss(
                     torch.cat(logp).cpu() if self.device is not None else torch.cat(logp),
                     torch.cat([prox[i] for i in mb]),

@@ -2,7 +2,7 @@
 per-token tensors. One function, used by every backend.
 
 Per output token, with behaviour log-prob b (from the rollout server), proximal log-prob p
-(recomputed by the trainer before the step, or b itself when algo.decoupled=false), current
+(the pre-step policy's: algo.prox_logp, or b itself when algo.decoupled=false), current
 log-prob θ and the sample's advantage A:
     r = exp(θ - p)                                  trust-region ratio (log-ratio not clamped)
     pg = max(-A r, -A clip(r, 1 - ε_low, 1 + ε_high))           clip-higher when ε_high > ε_low

@@ -5,7 +5,9 @@ One `train_step`:
   1. rank 0's TrainBatch is broadcast (transport/batch_codec.py bytes, no pickle); its samples are split over DP ranks (balanced by tokens)
      and packed into micro-batches under `trainer.max_tokens_per_microbatch`, with the same
      number of micro-batches on every DP rank (padded with empty ones);
-  2. proximal log-probs for every micro-batch with the pre-step weights (forward only);
+  2. proximal log-probs for every micro-batch with the pre-step weights (forward only), with
+     algo.prox_logp=recompute; with current (the default) the gradient pass of step 3 runs
+     those very weights (one optimiser step per batch) and its own log-probs, detached, are p;
   3. forward/backward of the decoupled PPO loss over all micro-batches. Each micro-batch's loss
      is already divided by the output-token count of the whole global batch (trainer/loss.py),
      so gradients are summed over micro-batches and DP ranks, never averaged; then clipping
@@ -43,6 +45,7 @@ from megatron.core.transformer.module import Float16Module
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config.algo import ProxLogp
 from areal_jobs.trainer import megatron_model, megatron_weights
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
@@ -172,14 +175,16 @@ class MegatronBackend:
             for mb in plan[self._dp_rank]
         ]
 
-        if self._algo.decoupled:
+        # prox_logp=current leaves mb.prox_logp None: _ppo_loss takes the gradient pass's own
+        # log-probs, which run the pre-step weights (one optimiser step per batch)
+        if not self._algo.decoupled:
+            for mb in microbatches:
+                mb.prox_logp = mb.behav_logp
+        elif self._algo.prox_logp is ProxLogp.recompute:
             with torch.no_grad():
                 outputs = self._run_schedule(microbatches, self._logp_loss, forward_only=True)
             for mb, out in zip(microbatches, outputs, strict=False):  # only the last stage has outputs
                 mb.prox_logp = out["logp"]
-        else:
-            for mb in microbatches:
-                mb.prox_logp = mb.behav_logp
         prox_s = time.perf_counter() - start
 
         self._ddp.zero_grad_buffer()
@@ -289,11 +294,13 @@ class MegatronBackend:
         return sums[0].log() - sums[1] / sums[0]
 
     def _ppo_loss(self, mb: MicroBatch, logits: torch.Tensor):
-        assert mb.prox_logp is not None
         # entropy first: vocab_parallel_cross_entropy works in place on the logits it is given
         entropy = self.token_entropy(logits, mb)
+        logp = self.token_logprobs(logits, mb)
+        if mb.prox_logp is None:  # prox_logp=current: these are the pre-step weights' log-probs
+            mb.prox_logp = logp.detach()
         loss, stats = ppo_loss(
-            self.token_logprobs(logits, mb),
+            logp,
             mb.prox_logp,
             mb.behav_logp,
             mb.advantages,

@@ -31,7 +31,7 @@ class MicroBatch:
     seq_index: torch.Tensor  # int64 [n]: which sample of the micro-batch each output token is from
     attention_mask: torch.Tensor | None  # bool [1, 1, T, T], True = masked (local spec)
     packed_seq_params: PackedSeqParams | None  # THD (TransformerEngine)
-    prox_logp: torch.Tensor | None = None  # float32 [n], filled before the gradient pass
+    prox_logp: torch.Tensor | None = None  # float32 [n]: before the gradient pass, or in it (current)
 
     @property
     def num_tokens(self) -> int:

@@ -1,9 +1,10 @@
 """Plain-torch trainer backend: a Hugging Face causal LM, one process, packed micro-batches.
 
-Per step: (1) proximal log-probs for every sample with the pre-step weights (a no-grad forward
-pass; skipped with algo.prox_logp=loglinear, which interpolates them per micro-batch from the
-behaviour log-probs, the current ones and the token versions: loss.py, and with
-algo.prox_logp=current, which takes the gradient pass's own log-probs, detached), (2) the batch is
+Per step: (1) proximal log-probs p with the pre-step weights. With algo.prox_logp=current (the
+default) the first minibatch's gradient pass runs exactly those weights, so its own log-probs,
+detached, are p: only the samples of later minibatches need a no-grad pass (none with one
+minibatch). recompute runs that pass over every sample; loglinear interpolates p per micro-batch
+from the behaviour log-probs, the current ones and the token versions (loss.py). (2) the batch is
 split into `algo.ppo_minibatches` token-balanced minibatches; for each, the decoupled PPO loss
 over its balanced micro-batches with gradients accumulated, normalised by the minibatch's output
 tokens, then clip and one AdamW step. Later minibatches see a policy that already moved: the
@@ -134,18 +135,24 @@ class TorchBackend:
         lengths = [len(s.input_ids) for s in samples]
         budget = self.cfg.max_tokens_per_microbatch
         behav = [torch.from_numpy(s.behav_logprobs) for s in samples]
+        outputs = [s.num_output_tokens for s in samples]
+        minibatches = balanced_microbatches(
+            outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))
+        )
         loglinear = self.algo.decoupled and self.algo.prox_logp is ProxLogp.loglinear
-        current = self.algo.decoupled and self.algo.prox_logp is ProxLogp.current
-        if loglinear or current:
-            prox = [torch.empty(0)] * len(samples)  # filled in the gradient pass, per micro-batch
-        elif self.algo.decoupled:
-            with torch.no_grad():
-                prox: list[torch.Tensor] = [torch.empty(0)] * len(samples)
-                for mb in balanced_microbatches(lengths, budget):
-                    for i, lp in zip(mb, token_logprobs(self.model, [samples[i] for i in mb])):
-                        prox[i] = lp.detach()
-        else:
+        # current: the first minibatch's gradient pass supplies p for its own samples
+        from_gradient_pass = (
+            set(minibatches[0]) if self.algo.decoupled and self.algo.prox_logp is ProxLogp.current else set()
+        )
+        if not self.algo.decoupled:
             prox = behav  # standard PPO: the behaviour policy is the trust-region anchor
+        else:
+            prox: list[torch.Tensor] = [torch.empty(0)] * len(samples)  # loglinear: per micro-batch
+            need = [] if loglinear else [i for i in range(len(samples)) if i not in from_gradient_pass]
+            with torch.no_grad():
+                for mb in balanced_microbatches([lengths[i] for i in need], budget):
+                    for i, lp in zip(mb, token_logprobs(self.model, [samples[need[j]] for j in mb])):
+                        prox[need[i]] = lp.detach()
         ref: list[torch.Tensor | None] = [None] * len(samples)
         if self.reference is not None:
             with torch.no_grad():
@@ -154,10 +161,7 @@ class TorchBackend:
                         ref[i] = lp
         t_prox = time.perf_counter()
         stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
-        outputs = [s.num_output_tokens for s in samples]
-        for minibatch in balanced_microbatches(
-            outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))
-        ):
+        for k, minibatch in enumerate(minibatches):
             # aggregation weights over this optimiser step's samples (loss.py)
             agg = step_weights(samples, minibatch, self.algo, batch.max_new_tokens)
             self.optimizer.zero_grad(set_to_none=True)
@@ -170,7 +174,7 @@ class TorchBackend:
                         prox[i] = loglinear_prox_logp(
                             behav[i], lp, torch.from_numpy(samples[i].versions), batch.version
                         )
-                elif current:
+                elif k == 0 and from_gradient_pass:
                     for i, lp in zip(mb, logp):
                         prox[i] = lp.detach()
                 loss, mb_stats = ppo_loss(

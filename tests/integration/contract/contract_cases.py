@@ -3,7 +3,8 @@
 Every AlgoConfig field is in exactly one of:
   IN_MATRIX  changes the loss or the batch the backends see: at least one case sets it;
   REFUSED    refused on some backend at config validation (config/support.py); the test checks
-             the refusal instead of comparing;
+             the refusal instead of comparing (a field with one refused value, prox_logp=loglinear,
+             may also be in the matrix with its other values);
   NOT_OBJECTIVE  decides which groups are generated and when (admission, staleness, batch shape):
              the backends never see it.
 A new field in none of them fails test_every_algo_field_is_covered.
@@ -28,6 +29,8 @@ MAX_NEW_TOKENS = 24
 # IS the current one (r = 1), so only stale behaviour log-probs as the anchor make r != 1.
 CASES: dict[str, dict] = {
     "default": {},
+    # the same numbers as the default (current) from its own proximal pass: test_cases_exercise_their_knob
+    "prox_recompute": dict(prox_logp="recompute"),
     "decoupled_false": dict(decoupled=False),
     "clip_higher": dict(decoupled=False, eps_clip_high=0.28),
     "dual_clip": dict(decoupled=False, dual_clip_c=1.2),
@@ -44,7 +47,7 @@ CASES: dict[str, dict] = {
     "mask_truncated": dict(mask_truncated=True),
     "filter_uniform": dict(filter_uniform_groups=True),
 }
-# kl_estimator acts only with kl_coef; prox_logp=loglinear: torch only (its proximal pass is skipped)
+# kl_estimator acts only with kl_coef; prox_logp=loglinear: torch only (LIMITED_VALUES)
 REFUSED = {"ppo_minibatches": 2, "kl_coef": 0.1, "kl_estimator": None, "prox_logp": "loglinear"}
 NOT_OBJECTIVE = {"max_staleness", "batch_size", "group_size", "max_discarded_groups"}
 
@@ -56,6 +59,7 @@ def algo_for(case: str):
         AlgoConfig,
         BehavWeightMode,
         LossAgg,
+        ProxLogp,
     )
 
     enums = {
@@ -63,6 +67,7 @@ def algo_for(case: str):
         "adv_std": AdvStd,
         "behav_weight_mode": BehavWeightMode,
         "loss_agg": LossAgg,
+        "prox_logp": ProxLogp,
     }
     fields = {k: enums[k](v) if k in enums else v for k, v in CASES[case].items()}
     return AlgoConfig(**BASE, **fields)

@@ -3,7 +3,10 @@
 Tiny random Qwen2 (tied embeddings: one parameter shared by embedding and head) and Llama
 (untied), vocab 200. Two spawned ranks shard the model with fully_shard:
   - one train step on the same batch: loss, grad norm and weights match the torch backend's
-    step in one process (the measured max |Δ| is printed);
+    step in one process (the measured max |Δ| is printed); also with two minibatches, where the
+    default prox_logp=current takes the first one's p from its gradient pass and runs the
+    proximal pass for the second one's samples only: the same step as the torch backend's
+    recompute;
   - a 2-rank sharded checkpoint taken after step 1, loaded by 2 fresh ranks, gives the same
     step-2 loss and weights as the run that never stopped;
   - the HF export loads in transformers with exactly the weights the sender publishes;
@@ -34,8 +37,8 @@ WEIGHT_TOL = 1e-4  # max abs after one AdamW step of lr 1e-3; measured 4e-6
 UPDATE_TOL = 1e-3  # ||weights - expected|| / ||step||; measured 2e-5
 
 
-def step_worker(rank: int, world: int, model_dir: str) -> dict:
-    backend = start_backend(model_dir, trainer_config(world))
+def step_worker(rank: int, world: int, model_dir: str, algo=None) -> dict:
+    backend = start_backend(model_dir, trainer_config(world), algo)
     specs = [(s.name, s.dtype, s.shape) for s in backend.weight_specs()]
     before = exported(backend)
     metrics = backend.train_step(make_batch(0) if rank == 0 else None)
@@ -128,3 +131,21 @@ def test_mixed_precision_and_activation_checkpointing_train(models):
     assert losses["checkpointing"] == pytest.approx(losses["plain"], abs=1e-7)
     assert np.isfinite(losses["bf16"]) and losses["bf16"] != losses["plain"]
     assert losses["bf16"] == pytest.approx(losses["plain"], rel=0.05)  # bf16 rounding, same objective
+
+
+def test_two_minibatches_with_current_match_the_torch_backends_recompute(models):
+    from areal_jobs.config import AlgoConfig
+    from areal_jobs.config.algo import ProxLogp
+
+    batch = make_batch(0)
+    current = AlgoConfig(batch_size=4, group_size=2, ppo_minibatches=2)
+    lead, _ = run_ranks(step_worker, 2, str(models["qwen2"]), current)
+    recompute = AlgoConfig(batch_size=4, group_size=2, ppo_minibatches=2, prox_logp=ProxLogp.recompute)
+    expected_metrics, expected = megatron_harness.torch_backend_step(
+        models["qwen2"], batch, trainer_config(2), recompute
+    )
+    assert lead["metrics"]["train/num_minibatches"] == expected_metrics["train/num_minibatches"] == 2
+    for key in ("train/loss", "train/prox_behav_abs_diff", "ppo/clip_fraction", "ppo/ratio_mean"):
+        assert abs(lead["metrics"][key] - expected_metrics[key]) < LOSS_TOL, key
+    weight_diff, relative = update_diff(lead["after"], expected, lead["before"])
+    assert weight_diff < WEIGHT_TOL and relative < UPDATE_TOL

@@ -92,10 +92,11 @@ def test_fsdp_trainer_group_and_its_errors():
 def test_backend_refuses_knobs_it_does_not_implement():
     """issue 18: a knob a backend does not implement is refused naming the override and who has it."""
     from areal_jobs.config import AlgoConfig, JobConfig, TrainerBackend, TrainerConfig
-    from areal_jobs.config.support import LIMITED
+    from areal_jobs.config.support import LIMITED, LIMITED_VALUES
 
-    for name in LIMITED:
-        value = {"ppo_minibatches": 2, "kl_coef": 0.1, "prox_logp": "loglinear"}[name]
+    cases = [*((name, {"ppo_minibatches": 2, "kl_coef": 0.1}[name]) for name in LIMITED), *LIMITED_VALUES]
+    assert ("prox_logp", "loglinear") in cases
+    for name, value in cases:
         algo = AlgoConfig(**{name: value})
         JobConfig(algo=algo)  # torch implements it
         with pytest.raises(

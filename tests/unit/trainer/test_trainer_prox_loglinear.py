@@ -62,13 +62,13 @@ def test_hand_worked_loss_and_gradient_with_a_masked_and_a_fresh_token():
     assert stats.num_tokens == 5 and stats.clipped_tokens == 1
 
 
-def test_loglinear_and_current_need_the_decoupled_loss_and_current_one_minibatch():
+def test_loglinear_needs_the_decoupled_loss_current_is_the_default_for_any_minibatches():
     with pytest.raises(ValueError, match=r"algo.prox_logp=loglinear.*algo.decoupled=true"):
         AlgoConfig(decoupled=False, prox_logp=ProxLogp.loglinear)
-    with pytest.raises(ValueError, match=r"algo.prox_logp=current.*algo.decoupled=true"):
-        AlgoConfig(decoupled=False, prox_logp=ProxLogp.current)
-    with pytest.raises(ValueError, match=r"algo.prox_logp=current.*algo.ppo_minibatches=1"):
-        AlgoConfig(ppo_minibatches=2, prox_logp=ProxLogp.current)
+    assert AlgoConfig().prox_logp is ProxLogp.current
+    # without the decoupled loss p = b: current (the default) has nothing to compute, no refusal
+    assert AlgoConfig(decoupled=False).prox_logp is ProxLogp.current
+    assert AlgoConfig(ppo_minibatches=2).prox_logp is ProxLogp.current
     assert AlgoConfig(prox_logp="loglinear").prox_logp is ProxLogp.loglinear  # as a string override
 
 
@@ -93,7 +93,7 @@ def test_torch_backend_skips_the_proximal_pass(tiny_model_dir):
         assert got["train/loss"] == want["train/loss"] and got["train/prox_behav_abs_diff"] == 0.0
         for a, b in zip(loglinear.model.parameters(), naive.model.parameters(), strict=True):
             assert torch.equal(a, b)
-    recompute, calls = _backend(tiny_model_dir)
+    recompute, calls = _backend(tiny_model_dir, prox_logp=ProxLogp.recompute)
     metrics = recompute.train_step(make_batch(version=3, versions_behind=1))
     assert len(calls) > metrics["train/num_microbatches"]  # the proximal pass ran first
 
@@ -112,8 +112,31 @@ def test_current_is_the_recomputed_proximal_policy_without_its_pass(tiny_model_d
     batch = make_batch(version=3, versions_behind=2)
     current, calls = _backend(tiny_model_dir, prox_logp=ProxLogp.current)
     got = current.train_step(batch)
-    want = _backend(tiny_model_dir)[0].train_step(batch)
+    want = _backend(tiny_model_dir, prox_logp=ProxLogp.recompute)[0].train_step(batch)
     assert len(calls) == got["train/num_microbatches"]
     assert got["ppo/ratio_mean"] == 1.0 and got["ppo/clip_fraction"] == 0.0
     for key in ("train/loss", "train/grad_norm", "train/prox_behav_abs_diff", "ppo/behav_weight_mean"):
         assert got[key] == pytest.approx(want[key], rel=1e-5), key
+
+
+def test_current_with_minibatches_recomputes_only_the_later_minibatches(tiny_model_dir):
+    """Two minibatches: the first one's gradient pass supplies its own p; the second's samples
+    get the no-grad pass before the first optimiser step. The step equals recompute's."""
+    batch = make_batch(version=3, versions_behind=2)
+    current, calls = _backend(tiny_model_dir, ppo_minibatches=2)
+    got = current.train_step(batch)
+    recompute, recompute_calls = _backend(tiny_model_dir, ppo_minibatches=2, prox_logp=ProxLogp.recompute)
+    want = recompute.train_step(batch)
+    assert got["train/num_minibatches"] == 2
+    # fewer forwards than recompute (its pass covers every sample), more than none at all
+    assert got["train/num_microbatches"] < len(calls) < len(recompute_calls)
+    for key in (
+        "train/loss",
+        "train/grad_norm",
+        "train/prox_behav_abs_diff",
+        "ppo/clip_fraction",
+        "ppo/ratio_mean",
+    ):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    for a, b in zip(current.model.parameters(), recompute.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
