@@ -41,7 +41,12 @@ def parse_weight_version(raw: Any) -> int:
 
 
 class EngineHTTP:
-    """One aiohttp session to one server, opened on first use."""
+    """Two aiohttp sessions to one server, opened on first use: pooled connections for the many
+    generate calls, a fresh connection for each control call (pause, resume, weight update stages,
+    health). A pooled connection that the server closed while it sat idle fails the call that
+    reuses it; for a generate call the controller re-sends the request, but a failed stage of a
+    weight update ends the run. A new local TCP connection costs about a millisecond, and an update
+    makes a handful of control calls per server."""
 
     def __init__(
         self, name: str, url: str, api_key: str, *, generate_timeout_s: float, call_timeout_s: float
@@ -51,15 +56,20 @@ class EngineHTTP:
         self.headers = {"Authorization": f"Bearer {api_key}"}
         self.generate_timeout = aiohttp.ClientTimeout(total=generate_timeout_s)
         self.call_timeout = aiohttp.ClientTimeout(total=call_timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._pooled: aiohttp.ClientSession | None = None
+        self._control: aiohttp.ClientSession | None = None
 
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # limit=0: concurrency is bounded by the controller, not the pool. A short keep-alive:
-            # servers close idle connections after ~5 s, and reusing one they closed fails the call
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
-            self._session = aiohttp.ClientSession(connector=connector)
-        return self._session
+    def session(self, *, pooled: bool = False) -> aiohttp.ClientSession:
+        if pooled:
+            if self._pooled is None:
+                # limit=0: concurrency is bounded by the controller, not the pool. A short
+                # keep-alive: servers close idle connections after ~5 s
+                connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
+                self._pooled = aiohttp.ClientSession(connector=connector)
+            return self._pooled
+        if self._control is None:
+            self._control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        return self._control
 
     async def request(
         self,
@@ -68,10 +78,12 @@ class EngineHTTP:
         body: dict[str, Any] | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
         params: dict[str, str] | None = None,
+        *,
+        pooled: bool = False,
     ) -> Any:
         """JSON (or plain text) of a 200 answer; anything else raises ServerCallError."""
         try:
-            async with self.session().request(
+            async with self.session(pooled=pooled).request(
                 method,
                 self.url + endpoint,
                 json=body,
@@ -93,7 +105,12 @@ class EngineHTTP:
     async def post(
         self, endpoint: str, body: dict[str, Any], timeout: aiohttp.ClientTimeout | None = None
     ) -> Any:
+        """A control call: its own connection, `call_timeout_s` unless given."""
         return await self.request("POST", endpoint, body, timeout)
+
+    async def generate(self, endpoint: str, body: dict[str, Any]) -> Any:
+        """A generate call: pooled connections, `generate_timeout_s`."""
+        return await self.request("POST", endpoint, body, self.generate_timeout, pooled=True)
 
     async def healthy(self) -> bool:
         try:
@@ -105,9 +122,10 @@ class EngineHTTP:
             return False
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._pooled, self._control):
+            if session is not None:
+                await session.close()
+        self._pooled = self._control = None
 
 
 def _json_or_text(text: str) -> Any:

@@ -80,7 +80,7 @@ class SGLangClient:
         }
         if request.cache_salt:
             body["cache_salt"] = request.cache_salt
-        payload = await self._post("/generate", body, self._http.generate_timeout)
+        payload = await self._http.generate("/generate", body)
         try:
             return parse_generate(payload)
         except ValueError as exc:

@@ -96,7 +96,7 @@ class VLLMClient:
             "sampling_params": sampling,
             "output_mode": "tokens",
         }
-        payload = await self._http.post("/inference/v1/generate", body, self._http.generate_timeout)
+        payload = await self._http.generate("/inference/v1/generate", body)
         try:
             response = parse_generate(payload)
         except (ValueError, KeyError, TypeError) as exc:
