@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.scale", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", type=Path, help="the running job's directory (runs/<run.name>)")
     p.add_argument("change", help="+N, -N or N rollout servers (SLURM: rollout nodes)")
-    p.add_argument("--drain-timeout-s", type=float, default=900.0, help="SLURM -N: longest wait for the drain")
+    p.add_argument(
+        "--drain-timeout-s", type=float, default=900.0, help="SLURM -N: longest wait for the drain"
+    )
     args = p.parse_args(argv)
     run_dir = args.run_dir
     config = run_dir / "config.yaml"

@@ -58,7 +58,10 @@ def read_satellites(run_dir: Path) -> list[Satellite]:
     path = Path(run_dir) / SATELLITES_FILE
     if not path.exists():
         return []
-    return [Satellite(str(s["job_id"]), int(s["first_index"]), int(s["num_servers"])) for s in json.loads(path.read_text())]
+    return [
+        Satellite(str(s["job_id"]), int(s["first_index"]), int(s["num_servers"]))
+        for s in json.loads(path.read_text())
+    ]
 
 
 def write_satellites(run_dir: Path, satellites: list[Satellite]) -> None:
@@ -122,11 +125,13 @@ def render_satellite(job: JobConfig, run_dir: Path, main_job: str, first_index: 
 
 
 def job_state(job_id: str) -> str:
-    """The job's state from squeue, "" once it left the queue."""
+    """The job's state from squeue ("RUNNING,PENDING" where the components of a het job differ),
+    "" once it left the queue."""
     try:
-        return _run(["squeue", "-h", "-j", job_id, "-o", "%T"]).strip()
+        states = _run(["squeue", "-h", "-j", job_id, "-o", "%T"]).split()
     except SlurmError:  # squeue -j of a job already purged from the controller's memory
         return ""
+    return ",".join(sorted(set(states)))
 
 
 def grow(run_dir: Path, nodes: int) -> list[Satellite]:
@@ -176,9 +181,15 @@ def shrink(run_dir: Path, nodes: int, drain_timeout_s: float, stop_timeout_s: fl
         f"servers {indices} not drained (see logs/controller.log; their drain markers stay)",
     )
     for satellite in leaving:
-        subprocess.run(["scancel", "--batch", "--signal=TERM", satellite.job_id], check=False, capture_output=True)
+        subprocess.run(
+            ["scancel", "--batch", "--signal=TERM", satellite.job_id], check=False, capture_output=True
+        )
         try:
-            wait_until(lambda s=satellite: job_state(s.job_id) == "", stop_timeout_s, f"job {satellite.job_id} still queued")
+            wait_until(
+                lambda s=satellite: job_state(s.job_id) == "",
+                stop_timeout_s,
+                f"job {satellite.job_id} still queued",
+            )
         except TimeoutError:
             logger.warning("satellite %s did not stop on TERM: scancel", satellite.job_id)
             subprocess.run(["scancel", satellite.job_id], check=False, capture_output=True)
@@ -186,7 +197,11 @@ def shrink(run_dir: Path, nodes: int, drain_timeout_s: float, stop_timeout_s: fl
             discovery.unregister_server(run_dir, index)
         satellites.remove(satellite)
         write_satellites(run_dir, satellites)
-        logger.info("satellite job %s released: servers %s drained, none of their requests in flight", satellite.job_id, satellite.indices)
+        logger.info(
+            "satellite job %s released: servers %s drained, none of their requests in flight",
+            satellite.job_id,
+            satellite.indices,
+        )
     return leaving
 
 

@@ -51,12 +51,14 @@ def test_satellite_script_is_one_node_of_the_runs_servers(tmp_path) -> None:
     assert "export FIRST_INDEX=192\n" in script and "MAIN_JOB=4242\n" in script
     assert "servers 192..195" in script and "export ROLLOUT_TP=2\n" in script
     assert "export NCCL_IB_HCA=mlx5" in script
-    assert '--index $((FIRST_INDEX + SLURM_PROCID))' in script
+    assert "--index $((FIRST_INDEX + SLURM_PROCID))" in script
     assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
 
 
 def test_fresh_indices_are_never_reused(tmp_path) -> None:
-    job = dataclasses.replace(planned_job(), rollout=dataclasses.replace(planned_job().rollout, num_servers=3))
+    job = dataclasses.replace(
+        planned_job(), rollout=dataclasses.replace(planned_job().rollout, num_servers=3)
+    )
     assert next_index(job, tmp_path, []) == 3
     discovery.register_server(tmp_path, 5, "127.0.0.1", 1005)
     assert next_index(job, tmp_path, []) == 6
