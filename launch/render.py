@@ -203,6 +203,8 @@ def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = N
         "srun_container": _srun_container(job.cluster),
         "placement": plan.placement.value,
         "trainer_gpus": plan.trainer_gpu_ids or '""',
+        # the re-planner counts whole rollout nodes (launch/replanner.py: slurm_shape)
+        "replan": "1" if job.cluster.replan_every_steps and plan.placement is Placement.nodes else "0",
         **_placement_values(plan),
     }
     tmpl = SbatchTemplate(text)

@@ -173,3 +173,9 @@ def test_absolute_run_root_is_used_as_is() -> None:
     job = make_job()
     job = dataclasses.replace(job, run=RunConfig(name="exp", root="/scratch/runs"))
     assert "export RUN_DIR=/scratch/runs/exp" in render(job)
+
+
+def test_the_job_starts_the_replanner_only_where_it_can_count_whole_nodes() -> None:
+    assert 'if [ 1 = 1 ]; then\n    "$PYTHON" -m launch.replanner' in render(make_job())
+    assert "if [ 0 = 1 ]; then" in render(make_job(replan_every_steps=0))
+    assert "if [ 0 = 1 ]; then" in render(make_job(nodes=2, gpus_per_node=8, placement="gpus"))
