@@ -40,7 +40,9 @@ def scale(cluster: LocalSlurm, run_dir: Path, change: str) -> dict:
 
 def steps(run_dir: Path) -> int:
     metrics = run_dir / "metrics.jsonl"
-    return sum('"train/version"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0
+    return (
+        sum('"train/version"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0
+    )
 
 
 def wait_for(what: str, done, cluster: LocalSlurm, job_id: str, run_dir: Path):

@@ -1,0 +1,110 @@
+"""A node of the rendered job is lost (`scontrol update nodename=<node> state=DOWN`), with stand-in
+roles (fake_roles.py).
+
+SLURM 22.05 applies a node failure in a het job to every group, and a group of one node cannot
+shrink: the whole job is requeued, `--no-kill` or not (reference/slurm-elastic.md §3b, and the last
+test here). Where every group has 2+ nodes the renderer adds `--no-kill` to both: a lost rollout
+node then leaves the job, which runs on with the other servers, and a lost trainer node makes the
+job requeue itself (checkpoint-restart, as before). The batch host (the first rollout node) is the
+one rollout node whose loss SLURM never survives.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import LocalSlurm
+from test_slurm_hetjob import submit
+
+pytestmark = pytest.mark.slurm
+
+TOTAL_STEPS = 100  # 30 s of fake training (fake_roles.STEP_S)
+
+
+def batch_host(cluster: LocalSlurm, job_id: str) -> str:
+    shown = cluster.run("scontrol", "-o", "show", "job", job_id).stdout.splitlines()[0]
+    return dict(f.split("=", 1) for f in shown.split() if "=" in f)["BatchHost"]
+
+
+def server_nodes(run_dir: Path, count: int) -> dict[int, str]:
+    return {
+        i: json.loads((run_dir / "fake" / f"server{i}.attempt0.json").read_text())["SLURMD_NODENAME"]
+        for i in range(count)
+    }
+
+
+def lose_a_node(
+    cluster: LocalSlurm, tmp_path: Path, name: str, role: str, *overrides: str
+) -> tuple[str, Path, str]:
+    """Submit, wait for 3 trained steps, set the last node of `role` ("server" or "trainer") other
+    than the batch host DOWN. Returns (job id, run dir, the role's snapshot name on that node)."""
+    job_id, run_dir = submit(cluster, tmp_path, name, f"trainer.total_steps={TOTAL_STEPS}", *overrides)
+    progress = run_dir / "fake" / "progress"
+    deadline = time.monotonic() + 120
+    while not (progress.exists() and int(progress.read_text()) >= 3):
+        assert time.monotonic() < deadline, f"no progress: {cluster.job_states(job_id)}"
+        time.sleep(0.2)
+    host = batch_host(cluster, job_id)
+    nodes = {
+        path.name.split(".")[0]: json.loads(path.read_text())["SLURMD_NODENAME"]
+        for path in sorted((run_dir / "fake").glob(f"{role}*.attempt0.json"))
+    }
+    name, victim = [(n, node) for n, node in nodes.items() if node != host][-1]
+    cluster.run("scontrol", "update", f"nodename={victim}", "state=DOWN", "reason=test")
+    return job_id, run_dir, name
+
+
+def test_the_job_survives_a_lost_rollout_node_when_each_group_has_two_nodes(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    """2 rollout nodes + 2 trainer nodes (the renderer adds --no-kill): the lost node leaves the
+    job, the other server serves on and the trainer ends its run in the first attempt."""
+    job_id, run_dir, lost = lose_a_node(
+        slurm_cluster, tmp_path, "lose-rollout", "server", "cluster.nodes=4", "cluster.rollout_fraction=0.5"
+    )
+    states = slurm_cluster.wait_until_done(job_id, timeout_s=180)
+    shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
+    batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
+    assert states == ["COMPLETED", "COMPLETED"], shown + batch_log
+    assert "Restarts=0" in shown, shown
+    assert "rollout node lost: 2 -> 1 rollout nodes" in batch_log, batch_log
+    assert "exited while the trainer was running" not in batch_log, batch_log
+    assert json.loads((run_dir / "summary.json").read_text()) == {"start_step": 0, "final_step": TOTAL_STEPS}
+    survivor = 1 - int(lost.removeprefix("server"))
+    assert f"server {survivor} stopped" in (run_dir / "logs" / f"rollout-server-{survivor}.log").read_text()
+    assert slurm_cluster.leftover_job_processes() == []
+
+
+def test_a_lost_trainer_node_means_checkpoint_restart(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    """2 + 2 nodes under --no-kill: the job notices that its trainer group shrank and requeues itself;
+    the next attempt trains to the end."""
+    job_id, run_dir, _ = lose_a_node(
+        slurm_cluster, tmp_path, "lose-trainer", "trainer", "cluster.nodes=4", "cluster.rollout_fraction=0.5"
+    )
+    states = slurm_cluster.wait_until_done(job_id, timeout_s=300)
+    batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
+    assert states == ["COMPLETED", "COMPLETED"], batch_log
+    assert "a trainer node left the job (node failure): requeueing" in batch_log, batch_log
+    assert "attempt 1] start" in batch_log, batch_log
+    assert json.loads((run_dir / "summary.json").read_text())["final_step"] == TOTAL_STEPS
+    assert slurm_cluster.leftover_job_processes() == []
+
+
+@pytest.mark.parametrize("extra", [[], ["cluster.sbatch_args=[--no-kill]"]], ids=["rendered", "no-kill"])
+def test_a_one_node_trainer_group_takes_the_job_down_with_a_lost_rollout_node(
+    slurm_cluster: LocalSlurm, tmp_path: Path, extra: list[str]
+) -> None:
+    """3 rollout nodes + 1 trainer node (cluster=local_slurm's layout): SLURM requeues the whole het
+    job, with --no-kill on both groups too; the next attempt resumes from the last checkpoint."""
+    job_id, run_dir, _ = lose_a_node(slurm_cluster, tmp_path, "lose-1trainer", "server", *extra)
+    deadline = time.monotonic() + 60
+    while "Restarts=1" not in (shown := slurm_cluster.run("scontrol", "show", "job", job_id).stdout):
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.5)
+    slurm_cluster.run("scancel", job_id)
+    slurm_cluster.wait_until_done(job_id, timeout_s=120)
+    assert not (run_dir / "summary.json").exists()
+    assert slurm_cluster.leftover_job_processes() == []
