@@ -124,14 +124,18 @@ def render_satellite(job: JobConfig, run_dir: Path, main_job: str, first_index: 
     return SbatchTemplate(TEMPLATE_PATH.read_text()).substitute(values), num_servers
 
 
+# states of a job that holds (or will hold) nodes; a finished job may stay listed for MinJobAge
+LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+
+
 def job_state(job_id: str) -> str:
-    """The job's state from squeue ("RUNNING,PENDING" where the components of a het job differ),
-    "" once it left the queue."""
+    """The job's state from squeue ("PENDING,RUNNING" where the groups of a het job differ), "" once
+    it is no longer queued or running."""
     try:
-        states = _run(["squeue", "-h", "-j", job_id, "-o", "%T"]).split()
+        states = set(_run(["squeue", "-h", "-j", job_id, "-o", "%T"]).split()) & LIVE_STATES
     except SlurmError:  # squeue -j of a job already purged from the controller's memory
         return ""
-    return ",".join(sorted(set(states)))
+    return ",".join(sorted(states))
 
 
 def grow(run_dir: Path, nodes: int) -> list[Satellite]:
