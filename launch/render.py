@@ -45,10 +45,13 @@ def _job_name(job: JobConfig) -> str:
 
 
 def survives_node_loss(plan: AllocationPlan) -> bool:
-    """A het job outlives a lost node (`--no-kill` per group) only where every group has 2+ nodes:
-    SLURM 22.05 applies a node failure to every group of a het job and requeues it when one of
-    them cannot shrink (reference/slurm-elastic.md §3b; measured: tests/integration/slurm/test_slurm_node_loss.py)."""
-    return plan.placement is Placement.nodes and plan.rollout_nodes >= 2 and plan.trainer_nodes >= 2
+    """A het job outlives a lost rollout node where its rollout group (group 0) has 2+ nodes and both
+    groups are `--no-kill`. SLURM 22.05 applies a node failure to the groups of a het job in order
+    and requeues the whole job when a group it reaches cannot shrink (one node): a lost node of
+    group 0 is removed from it first, and the trainer group is then no longer "on" that node
+    (measured with 3 + 1 and 2 + 2 nodes: tests/integration/slurm/test_slurm_node_loss.py; with a
+    1-node group 0 and a lost group-1 node it requeues: reference/slurm-elastic.md §3b)."""
+    return plan.placement is Placement.nodes and plan.rollout_nodes >= 2
 
 
 def _component(
