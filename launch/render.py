@@ -45,13 +45,14 @@ def _job_name(job: JobConfig) -> str:
 
 
 def survives_node_loss(plan: AllocationPlan) -> bool:
-    """A het job outlives a lost rollout node where its rollout group (group 0) has 2+ nodes and both
-    groups are `--no-kill`. SLURM 22.05 applies a node failure to the groups of a het job in order
-    and requeues the whole job when a group it reaches cannot shrink (one node): a lost node of
-    group 0 is removed from it first, and the trainer group is then no longer "on" that node
-    (measured with 3 + 1 and 2 + 2 nodes: tests/integration/slurm/test_slurm_node_loss.py; with a
-    1-node group 0 and a lost group-1 node it requeues: reference/slurm-elastic.md §3b)."""
-    return plan.placement is Placement.nodes and plan.rollout_nodes >= 2
+    """A het job outlives a lost rollout node where both groups have 2+ nodes and are `--no-kill`.
+    SLURM 22.05 applies a node failure to the groups of a het job in turn (rollout group first)
+    and requeues a group that cannot shrink (one node). Measured on the loopback cluster
+    (tests/integration/slurm/test_slurm_node_loss.py, docs/faults.md): with 3 + 1 nodes and
+    `--no-kill` a lost rollout node is survived, but a lost trainer node requeues the trainer group
+    alone and leaves the job half finished (group 0 COMPLETED, group 1 PENDING for ever); without
+    `--no-kill` any loss requeues the whole job, which resumes from its checkpoint."""
+    return plan.placement is Placement.nodes and plan.rollout_nodes >= 2 and plan.trainer_nodes >= 2
 
 
 def _component(

@@ -1,11 +1,11 @@
 """A node of the rendered job is lost (`scontrol update nodename=<node> state=DOWN`), with stand-in
 roles (fake_roles.py).
 
-Where the rollout group has 2+ nodes the renderer makes both groups `--no-kill`: a lost rollout
-node then leaves the job, which runs on with the other servers, with a 1-node trainer group too
-(SLURM 22.05 removes the node from group 0 before it looks at group 1; reference/slurm-elastic.md
-§3b has the opposite case, a 1-node group 0, requeued). A lost trainer node means checkpoint-restart,
-as before. The batch host (the first rollout node) is the one rollout node SLURM never survives.
+Where both groups have 2+ nodes the renderer makes them `--no-kill`: a lost rollout node then
+leaves the job, which runs on with the other servers, and a lost trainer node means
+checkpoint-restart, as before (the job script requeues the job). Elsewhere (a 1-node group) SLURM
+22.05 requeues the whole job on any lost node (docs/faults.md has what `--no-kill` does there). The
+batch host (the first rollout node) is the one rollout node SLURM never survives.
 """
 
 from __future__ import annotations
@@ -56,44 +56,51 @@ def lose_a_node(
     return job_id, run_dir, name
 
 
-LAYOUTS = {
-    "3+1": [],  # cluster=local_slurm: 3 rollout nodes, 1 trainer node
-    "2+2": ["cluster.nodes=4", "cluster.rollout_fraction=0.5", "trainer=fsdp"],
-}
+TWO_PLUS_TWO = ["cluster.nodes=4", "cluster.rollout_fraction=0.5", "trainer=fsdp"]
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_the_job_survives_a_lost_rollout_node(slurm_cluster: LocalSlurm, tmp_path: Path, layout: str) -> None:
-    """The lost node leaves the job, the other servers serve on and the trainer ends its run in the
-    first attempt."""
-    job_id, run_dir, lost = lose_a_node(slurm_cluster, tmp_path, "lose-rollout", "server", *LAYOUTS[layout])
+def test_the_job_survives_a_lost_rollout_node(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    """2 rollout + 2 trainer nodes: the lost node leaves the job, the other server serves on and the
+    trainer ends its run in the first attempt."""
+    job_id, run_dir, lost = lose_a_node(slurm_cluster, tmp_path, "lose-rollout", "server", *TWO_PLUS_TWO)
     states = slurm_cluster.wait_until_done(job_id, timeout_s=180)
     shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
     assert states == ["COMPLETED", "COMPLETED"], shown + batch_log
     assert "Restarts=0" in shown, shown
-    rollout_nodes = int(layout[0])
-    assert f"rollout node lost: {rollout_nodes} -> {rollout_nodes - 1} rollout nodes" in batch_log, batch_log
+    assert "rollout node lost: 2 -> 1 rollout nodes" in batch_log, batch_log
     assert "exited while the trainer was running" not in batch_log, batch_log
     assert json.loads((run_dir / "summary.json").read_text()) == {"start_step": 0, "final_step": TOTAL_STEPS}
-    for index in set(range(rollout_nodes)) - {int(lost.removeprefix("server"))}:
-        assert f"server {index} stopped" in (run_dir / "logs" / f"rollout-server-{index}.log").read_text()
+    survivor = 1 - int(lost.removeprefix("server"))
+    assert f"server {survivor} stopped" in (run_dir / "logs" / f"rollout-server-{survivor}.log").read_text()
     assert slurm_cluster.leftover_job_processes() == []
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_a_lost_trainer_node_means_checkpoint_restart(
-    slurm_cluster: LocalSlurm, tmp_path: Path, layout: str
-) -> None:
-    """The job is requeued (by SLURM for a 1-node trainer group, by the job script for a larger
-    one) and the next attempt trains to the end."""
-    job_id, run_dir, _ = lose_a_node(slurm_cluster, tmp_path, "lose-trainer", "trainer", *LAYOUTS[layout])
+def test_a_lost_trainer_node_means_checkpoint_restart(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    """2 + 2 nodes: the job script sees its trainer lost and requeues the job; the next attempt
+    trains to the end."""
+    job_id, run_dir, _ = lose_a_node(slurm_cluster, tmp_path, "lose-trainer", "trainer", *TWO_PLUS_TWO)
     states = slurm_cluster.wait_until_done(job_id, timeout_s=300)
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
     shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
     assert states == ["COMPLETED", "COMPLETED"], shown + batch_log
+    assert "a trainer node left the job (node failure): requeueing" in batch_log, batch_log
     assert "Restarts=1" in shown and "attempt 1] start" in batch_log, shown + batch_log
-    if layout == "2+2":
-        assert "a trainer node left the job (node failure): requeueing" in batch_log, batch_log
     assert json.loads((run_dir / "summary.json").read_text())["final_step"] == TOTAL_STEPS
+    assert slurm_cluster.leftover_job_processes() == []
+
+
+def test_with_a_one_node_trainer_group_a_lost_rollout_node_requeues_the_job(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    """3 rollout nodes + 1 trainer node (cluster=local_slurm's layout) is rendered without --no-kill:
+    SLURM requeues the whole job, which would resume from its last checkpoint."""
+    job_id, run_dir, _ = lose_a_node(slurm_cluster, tmp_path, "lose-3+1", "server")
+    deadline = time.monotonic() + 60
+    while "Restarts=1" not in (shown := slurm_cluster.run("scontrol", "show", "job", job_id).stdout):
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.5)
+    slurm_cluster.run("scancel", job_id)
+    slurm_cluster.wait_until_done(job_id, timeout_s=120)
+    assert not (run_dir / "summary.json").exists()
     assert slurm_cluster.leftover_job_processes() == []

@@ -186,12 +186,12 @@ def test_the_job_starts_the_replanner_only_where_it_can_count_whole_nodes() -> N
     [
         ({}, True),  # 48 rollout + 16 trainer nodes
         ({"nodes": 4, "gpus_per_node": 1, "rollout_fraction": "0.5"}, True),  # 2 + 2
-        ({"nodes": 4, "gpus_per_node": 1, "rollout_fraction": "0.75"}, True),  # 3 + 1
-        ({"nodes": 2, "gpus_per_node": 1, "rollout_fraction": "0.5"}, False),  # 1 + 1: the batch host
+        ({"nodes": 4, "gpus_per_node": 1, "rollout_fraction": "0.75"}, False),  # 3 + 1: a 1-node trainer
+        ({"nodes": 2, "gpus_per_node": 1, "rollout_fraction": "0.5"}, False),  # 1 + 1
         ({"nodes": 2, "placement": "gpus"}, False),  # one job split per GPU
     ],
 )
-def test_no_kill_where_the_rollout_group_can_lose_a_node(cluster, no_kill) -> None:
+def test_no_kill_only_where_both_het_groups_can_lose_a_node(cluster, no_kill) -> None:
     script = render(make_job(**cluster))
     assert sbatch_lines(script).count("#SBATCH --no-kill") == (2 if no_kill else 0)
     assert f"NODE_LOSS={int(no_kill)}\n" in script
