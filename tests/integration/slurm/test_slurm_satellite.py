@@ -26,7 +26,7 @@ def test_a_satellite_server_registers_and_ends_with_its_run(
         slurm_cluster,
         tmp_path,
         "sat",
-        "trainer.total_steps=100",
+        "trainer.total_steps=300",
         "cluster.nodes=2",
         "cluster.rollout_fraction=0.5",
     )
