@@ -35,23 +35,6 @@ def server_nodes(run_dir: Path, count: int) -> dict[int, str]:
     }
 
 
-@pytest.fixture
-def cluster(slurm_cluster: LocalSlurm):
-    """The session's cluster; the nodes a test set DOWN are back in service (idle) afterwards, so
-    the next test of the session gets all of them."""
-    yield slurm_cluster
-    deadline = time.monotonic() + 60
-    while True:
-        states = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %T").stdout.split("\n")
-        down = [line.split()[0] for line in states if line.strip() and line.split()[1] != "idle"]
-        if not down:
-            return
-        for node in down:
-            slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-        assert time.monotonic() < deadline, f"nodes not back in service: {states}"
-        time.sleep(0.5)
-
-
 def lose_a_node(
     cluster: LocalSlurm, tmp_path: Path, name: str, role: str, *overrides: str
 ) -> tuple[str, Path, str]:
@@ -85,12 +68,12 @@ def lose_a_node(
 TWO_PLUS_TWO = ["cluster.nodes=4", "cluster.rollout_fraction=0.5", "trainer=fsdp"]
 
 
-def test_the_job_survives_a_lost_rollout_node(cluster: LocalSlurm, tmp_path: Path) -> None:
+def test_the_job_survives_a_lost_rollout_node(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     """2 rollout + 2 trainer nodes: the lost node leaves the job, the other server serves on and the
     trainer ends its run in the first attempt."""
-    job_id, run_dir, lost = lose_a_node(cluster, tmp_path, "lose-rollout", "server", *TWO_PLUS_TWO)
-    states = cluster.wait_until_done(job_id, timeout_s=180)
-    shown = cluster.run("scontrol", "show", "job", job_id).stdout
+    job_id, run_dir, lost = lose_a_node(slurm_cluster, tmp_path, "lose-rollout", "server", *TWO_PLUS_TWO)
+    states = slurm_cluster.wait_until_done(job_id, timeout_s=180)
+    shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
     assert states == ["COMPLETED", "COMPLETED"], shown + batch_log
     assert "Restarts=0" in shown, shown
@@ -99,34 +82,34 @@ def test_the_job_survives_a_lost_rollout_node(cluster: LocalSlurm, tmp_path: Pat
     assert json.loads((run_dir / "summary.json").read_text()) == {"start_step": 0, "final_step": TOTAL_STEPS}
     survivor = 1 - int(lost.removeprefix("server"))
     assert f"server {survivor} stopped" in (run_dir / "logs" / f"rollout-server-{survivor}.log").read_text()
-    assert cluster.leftover_job_processes() == []
+    assert slurm_cluster.leftover_job_processes() == []
 
 
-def test_a_lost_trainer_node_means_checkpoint_restart(cluster: LocalSlurm, tmp_path: Path) -> None:
+def test_a_lost_trainer_node_means_checkpoint_restart(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     """2 + 2 nodes: the job script sees its trainer lost and requeues the job; the next attempt
     trains to the end."""
-    job_id, run_dir, _ = lose_a_node(cluster, tmp_path, "lose-trainer", "trainer", *TWO_PLUS_TWO)
-    states = cluster.wait_until_done(job_id, timeout_s=300)
+    job_id, run_dir, _ = lose_a_node(slurm_cluster, tmp_path, "lose-trainer", "trainer", *TWO_PLUS_TWO)
+    states = slurm_cluster.wait_until_done(job_id, timeout_s=300)
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
-    shown = cluster.run("scontrol", "show", "job", job_id).stdout
+    shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
     assert states == ["COMPLETED", "COMPLETED"], shown + batch_log
     assert "a trainer node left the job (node failure): requeueing" in batch_log, batch_log
     assert "Restarts=1" in shown and "attempt 1] start" in batch_log, shown + batch_log
     assert json.loads((run_dir / "summary.json").read_text())["final_step"] == TOTAL_STEPS
-    assert cluster.leftover_job_processes() == []
+    assert slurm_cluster.leftover_job_processes() == []
 
 
 def test_with_a_one_node_trainer_group_a_lost_rollout_node_requeues_the_job(
-    cluster: LocalSlurm, tmp_path: Path
+    slurm_cluster: LocalSlurm, tmp_path: Path
 ) -> None:
     """3 rollout nodes + 1 trainer node (cluster=local_slurm's layout) is rendered without --no-kill:
-    SLURM requeues the whole job, which would resume from its last checkpoint."""
-    job_id, run_dir, _ = lose_a_node(cluster, tmp_path, "lose-3+1", "server")
-    deadline = time.monotonic() + 60
-    while "Restarts=1" not in (shown := cluster.run("scontrol", "show", "job", job_id).stdout):
-        assert time.monotonic() < deadline, shown
-        time.sleep(0.5)
-    cluster.run("scancel", job_id)
-    cluster.wait_until_done(job_id, timeout_s=120)
-    assert not (run_dir / "summary.json").exists()
-    assert cluster.leftover_job_processes() == []
+    SLURM requeues the whole job and the next attempt trains to the end."""
+    job_id, run_dir, _ = lose_a_node(slurm_cluster, tmp_path, "lose-3+1", "server")
+    states = slurm_cluster.wait_until_done(job_id, timeout_s=300)
+    batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
+    shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
+    assert states == ["COMPLETED", "COMPLETED"], shown + batch_log
+    assert "Restarts=1" in shown and "attempt 1] start" in batch_log, shown + batch_log
+    assert "rollout node lost" not in batch_log and "a trainer node left" not in batch_log, batch_log
+    assert json.loads((run_dir / "summary.json").read_text())["final_step"] == TOTAL_STEPS
+    assert slurm_cluster.leftover_job_processes() == []

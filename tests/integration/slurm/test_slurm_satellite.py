@@ -52,7 +52,10 @@ def test_a_satellite_server_registers_and_ends_with_its_run(
     registration = run_dir / "servers" / "1.json"
     deadline = time.monotonic() + 120
     while not registration.exists():
-        assert time.monotonic() < deadline, slurm_cluster.job_states(sat_id)
+        assert time.monotonic() < deadline, (
+            slurm_cluster.run("scontrol", "show", "job", sat_id).stdout
+            + slurm_cluster.run("scontrol", "show", "nodes").stdout
+        )
         time.sleep(0.2)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert json.loads(registration.read_text())["port"] == config["rollout"]["base_port"] + 1
