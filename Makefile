@@ -45,9 +45,10 @@ EVAL_ARGS ?=
 eval: install $(if $(findstring vllm,$(EVAL_ARGS)),vllm-venv)
 	$(PY) -m launch.evaluate --ckpt $(CKPT) --data $(DATA) $(EVAL_ARGS)
 
-# Grow or shrink a running local job's rollout pool: make scale RUN=runs/tiny-arith SERVERS=+1
+# Grow or shrink a running job's rollout pool: make scale RUN=runs/tiny-arith SERVERS=+1 (local),
+# make scale RUN=<run dir> ROLLOUT_NODES=+1 (SLURM: satellite jobs, launch/scale_slurm.py)
 scale: install
-	$(PY) -m launch.scale $(RUN) $(SERVERS)
+	$(PY) -m launch.scale $(RUN) $(SERVERS)$(ROLLOUT_NODES)
 
 # Rebuild the committed built-in model (tokenizer + tiny Qwen2 + supervised warm start).
 warmstart: install

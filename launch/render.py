@@ -44,7 +44,20 @@ def _job_name(job: JobConfig) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "-", job.run.name).strip("-") or "areal"
 
 
-def _component(cluster: ClusterConfig, title: str, nodes: int, tasks_per_node: int) -> list[str]:
+def survives_node_loss(plan: AllocationPlan) -> bool:
+    """A het job outlives a lost rollout node where both groups have 2+ nodes and are `--no-kill`.
+    SLURM 22.05 applies a node failure to the groups of a het job in turn (rollout group first)
+    and requeues a group that cannot shrink (one node). Measured on the loopback cluster
+    (tests/integration/slurm/test_slurm_node_loss.py, docs/faults.md): with 3 + 1 nodes and
+    `--no-kill` a lost rollout node is survived, but a lost trainer node requeues the trainer group
+    alone and leaves the job half finished (group 0 COMPLETED, group 1 PENDING for ever); without
+    `--no-kill` any loss requeues the whole job, which resumes from its checkpoint."""
+    return plan.placement is Placement.nodes and plan.rollout_nodes >= 2 and plan.trainer_nodes >= 2
+
+
+def _component(
+    cluster: ClusterConfig, title: str, nodes: int, tasks_per_node: int, no_kill: bool = False
+) -> list[str]:
     """`#SBATCH` lines of one het component. Partition/account/qos/time are repeated per component
     (SLURM propagates some of them, not all) so the header reads the same for every group."""
     lines = [f"# component: {title}"]
@@ -63,6 +76,8 @@ def _component(cluster: ClusterConfig, title: str, nodes: int, tasks_per_node: i
     if cluster.mem_per_node:
         resources += f" --mem={cluster.mem_per_node}"
     lines.append(resources)
+    if no_kill:  # a failed node leaves the job instead of requeueing it
+        lines.append("#SBATCH --no-kill")
     lines += [f"#SBATCH {arg}" for arg in cluster.sbatch_args]
     return lines
 
@@ -83,10 +98,11 @@ def sbatch_header(job: JobConfig, plan: AllocationPlan) -> str:
     if plan.placement is not Placement.nodes:  # one job over whole nodes, split per step
         title = f"rollout servers + trainer + rollout controller ({plan.placement.value} placement)"
         return "\n".join(lines + _component(cluster, title, plan.nodes, cluster.gpus_per_node))
-    lines += _component(cluster, "0 = rollout servers", plan.rollout_nodes, plan.servers_per_node)
+    no_kill = survives_node_loss(plan)
+    lines += _component(cluster, "0 = rollout servers", plan.rollout_nodes, plan.servers_per_node, no_kill)
     lines.append("#SBATCH hetjob")
     lines += _component(
-        cluster, "1 = trainer + rollout controller", plan.trainer_nodes, plan.trainer_tasks_per_node
+        cluster, "1 = trainer + rollout controller", plan.trainer_nodes, plan.trainer_tasks_per_node, no_kill
     )
     return "\n".join(lines)
 
@@ -203,6 +219,9 @@ def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = N
         "srun_container": _srun_container(job.cluster),
         "placement": plan.placement.value,
         "trainer_gpus": plan.trainer_gpu_ids or '""',
+        # the re-planner counts whole rollout nodes (launch/replanner.py: slurm_shape)
+        "node_loss": "1" if survives_node_loss(plan) else "0",
+        "replan": "1" if job.cluster.replan_every_steps and plan.placement is Placement.nodes else "0",
         **_placement_values(plan),
     }
     tmpl = SbatchTemplate(text)

@@ -15,9 +15,10 @@ job, and appends `plan/recommended_rollout_fraction`, `plan/expected_gain` (and 
 to the same metrics.jsonl, with one log line. With `cluster.autoscale=true` it also asks
 launch/autoscale.py how many rollout nodes the job should have and hands a change to `act`:
 launch.local writes scale.json (launch/elastic.py starts or drains servers), a SLURM job's
-re-planner logs the `make scale` command an operator would run.
+re-planner submits or releases satellite jobs of rollout nodes, as `make scale ROLLOUT_NODES=+N`
+does (launch/scale_slurm.py).
 
-    python -m launch.replanner runs/<name>      # beside a SLURM job (login node, shared run dir)
+    python -m launch.replanner runs/<name>      # the job script starts it on the batch host
 """
 
 from __future__ import annotations
@@ -260,36 +261,63 @@ def slurm_shape(job: JobConfig) -> tuple[PoolShape, int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Follow a SLURM job's metrics.jsonl until summary.json appears; log and record each re-plan,
-    and with cluster.autoscale=true the `make scale` command that carries out a change. The pool
-    it counts is the job's plan (rollout nodes added or removed by hand are not seen)."""
+    and with cluster.autoscale=true carry out a change with satellite jobs. The pool it counts is
+    the job's plan plus its satellites (RUN_DIR/satellites.json, also those added by `make scale`)."""
     from areal_jobs.config import load_job_config
     from areal_jobs.logs import setup_logging
     from areal_jobs.metrics import read_jsonl
+    from launch import scale_slurm
+    from launch.slurm import SlurmError
 
     p = argparse.ArgumentParser(prog="python -m launch.replanner", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", type=Path, help="the job's run directory (runs/<run.name>)")
     p.add_argument("--poll-s", type=float, default=10.0, help="how often to read metrics.jsonl")
     p.add_argument("--from-start", action="store_true", help="re-plan the steps already logged too")
+    p.add_argument(
+        "--drain-timeout-s", type=float, default=900.0, help="autoscale shrink: longest wait for the drain"
+    )
     args = p.parse_args(argv)
     setup_logging("launch")
     job = load_job_config(args.run_dir / "config.yaml")
     if not job.cluster.replan_every_steps:
         p.error("cluster.replan_every_steps=0 in this job's config: re-planning is off")
     try:
-        shape, nodes = slurm_shape(job)
+        shape, _ = slurm_shape(job)
     except ValueError as exc:
         p.error(str(exc))
 
-    def advise(d: ScaleDecision) -> None:
-        logger.warning(
-            "autoscale on SLURM does not act yet; an operator would run: make scale RUN=%s ROLLOUT_NODES=%+d",
-            args.run_dir, d.change,
+    def rollout_nodes() -> int:
+        return scale_slurm.rollout_nodes(args.run_dir)  # the job's own + its satellites
+
+    def act(d: ScaleDecision) -> None:
+        """Satellite jobs, as `make scale RUN=... ROLLOUT_NODES=+N/-N` (launch/scale_slurm.py); only
+        satellites can be released, so a shrink stops at the job's own rollout nodes."""
+        change = d.change
+        if change < 0:
+            change = -min(-change, len(scale_slurm.read_satellites(args.run_dir)))
+            if change != d.change:
+                logger.info(
+                    "autoscale: %d rollout nodes wanted, but only satellites can be released (%d of them)",
+                    d.target_nodes, -change,
+                )  # fmt: skip
+        if not change:
+            return
+        logger.info(
+            "autoscale: %d -> %d rollout nodes (make scale RUN=%s ROLLOUT_NODES=%+d)",
+            d.current_nodes, d.current_nodes + change, args.run_dir, change,
         )  # fmt: skip
+        try:
+            if change > 0:
+                scale_slurm.grow(args.run_dir, change)
+            else:
+                scale_slurm.shrink(args.run_dir, -change, args.drain_timeout_s)
+        except (ValueError, SlurmError, TimeoutError) as exc:
+            logger.warning("autoscale: the change failed (%s); the job goes on with what it has", exc)
 
     sink = RunMetrics(args.run_dir / "metrics.jsonl")
     replanner = Replanner(
-        job_profile(job, shape), shape, job.cluster.replan_every_steps, lambda: nodes, sink, job.cluster,
-        advise if job.cluster.autoscale else None,
+        job_profile(job, shape), shape, job.cluster.replan_every_steps, rollout_nodes, sink, job.cluster,
+        act if job.cluster.autoscale else None,
     )  # fmt: skip
     seen = 0 if args.from_start else len(read_jsonl(args.run_dir / "metrics.jsonl"))
     while True:

@@ -70,6 +70,7 @@ class ControllerService:
         self.stats_interval_s = stats_interval_s
         self.leaving = leaving  # servers asked to leave the job (launch.scale -N): drained, then let go
         self.on_drained = on_drained
+        self.released: set[int] = set()  # servers answered with on_drained
         self.preempted = asyncio.Event()  # SIGUSR1/SIGTERM: finish the trainer's checkpoint, then exit
         self._outbox: list[m.ControlMessage] = []  # held until a trainer has said hello
         self._background: set[asyncio.Task] = set()
@@ -269,6 +270,10 @@ class ControllerService:
         leaving = self.leaving() if self.leaving is not None else set()
         for rec in self.discover():
             new = rec.index not in self.pool.slots
+            if rec.index in leaving and new and rec.index not in self.released:
+                # asked to leave before it was admitted (launch.scale -N right after +N): it never
+                # got a request, so it may go at once
+                self._release(rec.index, "before it was admitted")
             if rec.index in leaving or not (new or self.pool.can_rejoin(rec.index)):
                 continue
             client = self.make_client(rec)
@@ -296,9 +301,13 @@ class ControllerService:
             if slot.in_flight == 0 and not self._holding_servers():
                 self.pool.remove(index)
                 self.orch.forget_groups()
-                logger.info("server %d drained after %d requests: it leaves the pool", index, slot.completed)
-                if self.on_drained is not None:
-                    self.on_drained(index)
+                self._release(index, f"after {slot.completed} requests")
+
+    def _release(self, index: int, when: str) -> None:
+        logger.info("server %d drained %s: it leaves the pool", index, when)
+        self.released.add(index)
+        if self.on_drained is not None:
+            self.on_drained(index)
 
     def _holding_servers(self) -> bool:
         return self._updating or self._paused_for_retry

@@ -99,7 +99,3 @@ def test_scale_cli_changes_relative_to_what_runs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "-3"])  # no server left: refused, nothing written
     assert read_target(tmp_path) == 3
-    (tmp_path / "config.yaml").write_text("cluster:\n  kind: slurm\n")
-    with pytest.raises(SystemExit):
-        main([str(tmp_path), "+1"])
-    assert "not supported yet" in capsys.readouterr().err

@@ -173,3 +173,25 @@ def test_absolute_run_root_is_used_as_is() -> None:
     job = make_job()
     job = dataclasses.replace(job, run=RunConfig(name="exp", root="/scratch/runs"))
     assert "export RUN_DIR=/scratch/runs/exp" in render(job)
+
+
+def test_the_job_starts_the_replanner_only_where_it_can_count_whole_nodes() -> None:
+    assert 'if [ 1 = 1 ]; then\n    "$PYTHON" -m launch.replanner' in render(make_job())
+    assert "if [ 0 = 1 ]; then" in render(make_job(replan_every_steps=0))
+    assert "if [ 0 = 1 ]; then" in render(make_job(nodes=2, gpus_per_node=8, placement="gpus"))
+
+
+@pytest.mark.parametrize(
+    ("cluster", "no_kill"),
+    [
+        ({}, True),  # 48 rollout + 16 trainer nodes
+        ({"nodes": 4, "gpus_per_node": 1, "rollout_fraction": "0.5"}, True),  # 2 + 2
+        ({"nodes": 4, "gpus_per_node": 1, "rollout_fraction": "0.75"}, False),  # 3 + 1: a 1-node trainer
+        ({"nodes": 2, "gpus_per_node": 1, "rollout_fraction": "0.5"}, False),  # 1 + 1
+        ({"nodes": 2, "placement": "gpus"}, False),  # one job split per GPU
+    ],
+)
+def test_no_kill_only_where_both_het_groups_can_lose_a_node(cluster, no_kill) -> None:
+    script = render(make_job(**cluster))
+    assert sbatch_lines(script).count("#SBATCH --no-kill") == (2 if no_kill else 0)
+    assert f"NODE_LOSS={int(no_kill)}\n" in script

@@ -22,6 +22,7 @@ from areal_jobs.config import (
 )
 from areal_jobs.data.answer_lengths import LengthStats
 from areal_jobs.metrics import read_jsonl
+from launch import scale_slurm
 from launch.elastic import read_target
 from launch.replanner import (
     PoolShape,
@@ -171,25 +172,40 @@ def slurm_job(*overrides: str) -> JobConfig:
         return to_job_config(compose("config", overrides=["experiment=math_qwen2_1p5b", *small, *overrides]))
 
 
-def test_slurm_replanner_logs_the_scale_command(tmp_path, caplog, monkeypatch):
+@pytest.mark.parametrize("satellites", [0, 1, 2])
+def test_slurm_autoscale_acts_through_satellite_jobs(tmp_path, caplog, monkeypatch, satellites):
     job = slurm_job(
         "cluster.replan_every_steps=2", "cluster.autoscale=true", "cluster.autoscale_max_nodes=10"
     )
     shape, nodes = slurm_shape(job)
     assert (nodes, shape.trainer_nodes, shape.servers_per_node) == (6, 2, 8)  # 8 x 8 GPUs, fraction 0.75
     save_job_config(job, tmp_path / "config.yaml")
-    servers = nodes * shape.servers_per_node
+    # the pool the rows ran: the job's 6 rollout nodes and its satellites
+    scale_slurm.write_satellites(
+        tmp_path, [scale_slurm.Satellite(str(40 + k), 48 + 8 * k, 8) for k in range(satellites)]
+    )
+    servers = (nodes + satellites) * shape.servers_per_node
     rows = [row(s, 300.0 * servers, 4.0 * servers, servers, 8000.0 * shape.trainer_gpus) for s in (1, 2)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "summary.json").write_text("{}")
+    calls = []
+    monkeypatch.setattr(scale_slurm, "grow", lambda run_dir, n: calls.append(+n))
+    monkeypatch.setattr(scale_slurm, "shrink", lambda run_dir, n, timeout_s: calls.append(-n))
     monkeypatch.setattr("areal_jobs.logs.setup_logging", lambda role: None)  # keep caplog's handler
     with caplog.at_level(logging.INFO, logger="launch.replanner"):
         assert main([str(tmp_path), "--from-start", "--poll-s", "0"]) == 0
     plan = read_jsonl(tmp_path / "metrics.jsonl")[-1]
-    assert plan["plan/current_rollout_fraction"] == 0.75 and "plan/recommended_rollout_fraction" in plan
-    target = int(plan["plan/autoscale_target_nodes"])
-    assert target != 6  # a change (which way is the simulator's answer), and the command that makes it
-    assert f"make scale RUN={tmp_path} ROLLOUT_NODES={target - 6:+d}" in caplog.text
+    assert "plan/recommended_rollout_fraction" in plan
+    target, current = int(plan["plan/autoscale_target_nodes"]), nodes + satellites
+    assert target != current, caplog.text  # a change (which way is the simulator's answer)
+    if target > current:
+        assert calls == [target - current]
+    else:  # only satellite nodes can be released
+        released = min(current - target, satellites)
+        assert calls == ([-released] if released else [])
+        assert ("only satellites can be released" in caplog.text) == (released < current - target)
+    if calls:
+        assert f"make scale RUN={tmp_path} ROLLOUT_NODES={calls[0]:+d}" in caplog.text
 
 
 def test_plan_rows_land_in_the_file_a_resuming_trainer_rewrote(tmp_path):

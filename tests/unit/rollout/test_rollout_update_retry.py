@@ -149,3 +149,9 @@ def test_a_server_added_to_the_job_joins_at_the_next_update_and_one_asked_to_lea
     assert 1 not in pool.slots and drained == [1]
     asyncio.run(svc._membership())  # its registration may linger: it is not admitted again
     assert 1 not in pool.slots and drained == [1]
+
+    records.append(ServerRecord(3, "127.0.0.1", 4))  # registers after it was asked to leave
+    leaving.add(3)
+    asyncio.run(svc._membership())
+    asyncio.run(svc._membership())
+    assert 3 not in pool.slots and drained == [1, 3]  # never admitted, answered once
