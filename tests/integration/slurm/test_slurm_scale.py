@@ -3,7 +3,9 @@
 The job (`make submit`, cluster=local_slurm cut to 2 nodes) runs one CPU SGLang server, the
 controller and the torch trainer. `python -m launch.scale RUN_DIR +1` submits a satellite job whose
 server (index 1) registers through the run directory; the controller admits it at the next weight
-update, and it serves requests. `-1` drains it (no request lost), then ends the satellite job.
+update, and it serves requests. Then the job's own server is killed (kill -9 of its SGLang process
+group): its supervisor restarts it in place and it rejoins with the current weights while the
+satellite serves. `-1` drains the satellite's server (no request lost), then ends the satellite job.
 The job is then preempted (USR1: checkpoint) and its requeued attempt cancelled; the ledger shows
 every step's samples once. Two SGLang starts on 2 cores dominate the run time.
 """
@@ -11,7 +13,9 @@ every step's samples once. Two SGLang starts on 2 cores dominate the run time.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -58,6 +62,10 @@ def controller_log(run_dir: Path, pattern: str):
     return re.search(pattern, (run_dir / "logs" / "controller.log").read_bytes().decode(errors="replace"))
 
 
+def controller_logs(run_dir: Path, pattern: str) -> list[str]:
+    return re.findall(pattern, (run_dir / "logs" / "controller.log").read_bytes().decode(errors="replace"))
+
+
 def test_a_satellite_node_joins_serves_and_drains(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     overrides = pipeline.lean_overrides(tmp_path, "scale", 100_000)
     overrides += ["cluster.nodes=2", "cluster.rollout_fraction=0.5", "rollout.health_interval_s=1"]
@@ -82,6 +90,23 @@ def test_a_satellite_node_joins_serves_and_drains(slurm_cluster: LocalSlurm, tmp
     assert slurm_cluster.job_states(sat_id) == ["RUNNING"]
     done = steps(run_dir)
     wait_for("3 more steps", lambda: steps(run_dir) >= done + 3, slurm_cluster, job_id, run_dir)
+
+    # kill -9 the job's own server (its SGLang process group) while the satellite serves: its
+    # supervisor starts it again in place, it rejoins with the current weights, the job runs on
+    victim = json.loads((run_dir / "servers" / "0.json").read_text())
+    rejoins = len(controller_logs(run_dir, r"servers \[0\] rejoin at version (\d+)"))
+    t_kill = time.monotonic()
+    os.killpg(victim["pid"], signal.SIGKILL)
+    wait_for(
+        "server 0 restarted in place and rejoined",
+        lambda: controller_logs(run_dir, r"servers \[0\] rejoin at version (\d+)")[rejoins:],
+        slurm_cluster, job_id, run_dir,
+    )  # fmt: skip
+    heal_s = time.monotonic() - t_kill
+    assert json.loads((run_dir / "servers" / "0.json").read_text())["pid"] != victim["pid"]
+    assert "restart 1/" in (run_dir / "logs" / "rollout-server-0.log").read_text()
+    done = steps(run_dir)
+    wait_for("2 steps after the heal", lambda: steps(run_dir) >= done + 2, slurm_cluster, job_id, run_dir)
 
     t_drain = time.monotonic()
     released = scale(slurm_cluster, run_dir, "-1")
@@ -115,5 +140,6 @@ def test_a_satellite_node_joins_serves_and_drains(slurm_cluster: LocalSlurm, tmp
     assert slurm_cluster.leftover_job_processes() == []
     print(
         f"\nsatellite {sat_id}: server 1 served from version {joined.group(1)} {join_s:.0f}s after +1, "
-        f"{drained.group(1)} requests; -1 drained and released it in {drain_s:.0f}s; {len(rows)} steps"
+        f"{drained.group(1)} requests; server 0 kill -9 -> restarted in place, rejoined in {heal_s:.0f}s; "
+        f"-1 drained and released it in {drain_s:.0f}s; {len(rows)} steps"
     )
