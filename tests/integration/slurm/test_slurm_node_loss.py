@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LocalSlurm
+from conftest import NUM_NODES, LocalSlurm
 from test_slurm_hetjob import submit
 
 pytestmark = pytest.mark.slurm
@@ -33,6 +33,20 @@ def server_nodes(run_dir: Path, count: int) -> dict[int, str]:
         i: json.loads((run_dir / "fake" / f"server{i}.attempt0.json").read_text())["SLURMD_NODENAME"]
         for i in range(count)
     }
+
+
+@pytest.fixture(autouse=True)
+def every_node_back_in_service(slurm_cluster: LocalSlurm):
+    """The node a test set DOWN comes back by itself (ReturnToService=2: its slurmd still answers);
+    the next test of the session starts only once every node is idle again, so none of them waits
+    for a node (nor sees fewer)."""
+    yield
+    deadline = time.monotonic() + 300
+    while (states := slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %T").stdout.split()[1::2]) != [
+        "idle"
+    ] * NUM_NODES:
+        assert time.monotonic() < deadline, f"nodes not back in service: {states}"
+        time.sleep(0.5)
 
 
 def lose_a_node(
