@@ -35,14 +35,18 @@ from torch.distributed.tensor import DTensor
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
-from areal_jobs.config.algo import ProxLogp
 from areal_jobs.trainer import fsdp_state
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.loss import LossStats, ppo_loss
 from areal_jobs.trainer.process_group import join_default_group
-from areal_jobs.trainer.torch_backend import loss_inputs, step_weights, token_logprobs
+from areal_jobs.trainer.torch_backend import (
+    loss_inputs,
+    prox_from_gradient_pass,
+    step_weights,
+    token_logprobs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +142,7 @@ class FSDPBackend:
         # prox_logp=current: the first minibatch's gradient pass runs the pre-step weights and
         # supplies p for its own samples; the pass below covers only the others (the same set on
         # every rank, so the FSDP collectives stay in step)
-        from_gradient_pass = (
-            set(minibatches[0]) if self.algo.decoupled and self.algo.prox_logp is ProxLogp.current else set()
-        )
+        from_gradient_pass = prox_from_gradient_pass(self.algo, minibatches)
         if self.algo.decoupled:
             need = [i for i in range(len(samples)) if i not in from_gradient_pass]
             with torch.no_grad():

@@ -83,6 +83,14 @@ def loss_inputs(samples: list[TrainSample], agg_weights: list[np.ndarray]) -> di
     }
 
 
+def prox_from_gradient_pass(algo: AlgoConfig, minibatches: list[list[int]]) -> set[int]:
+    """Samples whose proximal log-probs the gradient pass supplies (prox_logp=current): those of
+    the first minibatch, whose pass runs the pre-step weights. The others need the no-grad pass."""
+    if algo.decoupled and algo.prox_logp is ProxLogp.current:
+        return set(minibatches[0])
+    return set()
+
+
 def step_weights(
     samples: list[TrainSample], minibatch: list[int], algo: AlgoConfig, max_new_tokens: int
 ) -> dict[int, np.ndarray]:
@@ -140,10 +148,7 @@ class TorchBackend:
             outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))
         )
         loglinear = self.algo.decoupled and self.algo.prox_logp is ProxLogp.loglinear
-        # current: the first minibatch's gradient pass supplies p for its own samples
-        from_gradient_pass = (
-            set(minibatches[0]) if self.algo.decoupled and self.algo.prox_logp is ProxLogp.current else set()
-        )
+        from_gradient_pass = prox_from_gradient_pass(self.algo, minibatches)
         if not self.algo.decoupled:
             prox = behav  # standard PPO: the behaviour policy is the trust-region anchor
         else:
