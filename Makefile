@@ -46,7 +46,7 @@ eval: install $(if $(findstring vllm,$(EVAL_ARGS)),vllm-venv)
 	$(PY) -m launch.evaluate --ckpt $(CKPT) --data $(DATA) $(EVAL_ARGS)
 
 # Grow or shrink a running job's rollout pool: make scale RUN=runs/tiny-arith SERVERS=+1 (local),
-# make scale RUN=<run dir> ROLLOUT_NODES=+1 (SLURM: satellite jobs, launch/scale_slurm.py)
+# make scale RUN=<run dir> ROLLOUT_NODES=+1 (SLURM: satellite jobs, launch/slurm/satellites.py)
 scale: install
 	$(PY) -m launch.scale $(RUN) $(SERVERS)$(ROLLOUT_NODES)
 
@@ -97,9 +97,9 @@ render: install
 	$(PY) -m launch.submit $(SUBMIT_ARGS) launch.dry_run=true
 
 golden: install
-	$(PY) -m launch.golden
+	$(PY) -m launch.slurm.golden
 
-# ops commands: standard library only (launch/slurm.py), no venv needed, nothing installed
+# ops commands: standard library only (launch/slurm/cli.py), no venv needed, nothing installed
 status cancel:
 	@test -n "$(JOB)" || { echo "usage: make $@ JOB=<job id printed by make submit>" >&2; exit 2; }
 	@$(PYTHON) -m launch.slurm $@ $(JOB)

@@ -38,8 +38,8 @@ def task_steps(num_steps: int, per_step: int = 64) -> list[list[int]]:
 
 
 def paper_steps(num_steps: int) -> list[list[int]]:
-    from launch.sim.engine import group_lengths
-    from launch.sim.profile import load_profile
+    from launch.planning.sim.engine import group_lengths
+    from launch.planning.sim.profile import load_profile
 
     p = load_profile("paper_1p5b")
     G, B, prompt = p.algo.group_size, p.algo.batch_size, p.lengths.prompt_tokens

@@ -79,7 +79,7 @@ def _serve_steps(kind: str, model_dir: str, num_groups: int, conn) -> None:
     backend_kind = TrainerBackend(kind)
     trainer = TrainerConfig(backend=backend_kind, lr=1e-5, max_tokens_per_microbatch=2048, threads=1)
     if backend_kind is TrainerBackend.megatron:
-        from areal_jobs.trainer.megatron_backend import MegatronBackend as Backend
+        from areal_jobs.trainer.megatron.backend import MegatronBackend as Backend
     else:
         from areal_jobs.trainer.torch_backend import TorchBackend as Backend
     from areal_jobs.data.tiny_model import TinyRecipe

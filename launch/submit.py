@@ -1,157 +1,20 @@
-"""Submit one heterogeneous SLURM job per config: `make submit EXP=<experiment> OVERRIDES="..."`.
+"""`python -m launch.submit [KEY=VALUE ...]`: render one heterogeneous SLURM job and submit it
+(`make submit`, `make render`).
 
-    python -m launch.submit experiment=math_qwen2_1p5b cluster.nodes=64 algo.max_staleness=8
-    python -m launch.submit experiment=math_qwen2_1p5b launch.dry_run=true      # render only
-    python -m launch.submit -m experiment=math_qwen2_1p5b algo.max_staleness=0,4,8   # 3 jobs
-
-Hydra composes conf/submit.yaml (conf/config.yaml plus launcher settings); the config is planned
-(launch/plan.py), written with the plan's values to <run dir>/config.yaml next to the rendered
-<run dir>/job.sbatch (launch/render.py), and handed to `sbatch --parsable` (launch/slurm.py).
-SLURM refuses job arrays of heterogeneous jobs, so a multirun is Hydra's basic launcher calling
-this task once per combination, each with its own run directory and its own job.
+Hydra's entry point sits here, in the module run as __main__, so that `config_path` is this
+file's neighbour `conf/`; the work is launch/slurm/submit.py's.
 """
 
-from __future__ import annotations
-
-import dataclasses
-import re
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-
 import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from areal_jobs.config import (
-    ClusterKind,
-    JobConfig,
-    register_configs,
-    save_job_config,
-    to_job_config,
-)
-from launch.plan import AllocationPlan, apply_plan, plan_job
-from launch.plan_allocation import resolve_auto_fraction
-from launch.render import render_sbatch, run_dir_of
-from launch.slurm import Slurm, SlurmCli, SlurmError
-
-
-@dataclass(frozen=True)
-class PreparedJob:
-    """Everything a submission writes: the planned config, its plan and the script text."""
-
-    job: JobConfig
-    plan: AllocationPlan
-    script: str
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(run_dir_of(self.job))
-
-
-def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> PreparedJob:
-    """Pure: fill the submission-time defaults, plan the layout and render the script."""
-    if job.cluster.kind is not ClusterKind.slurm:
-        raise ValueError(
-            f"cluster.kind={job.cluster.kind.value} does not submit to SLURM: pick a SLURM cluster, e.g. "
-            "cluster=h800 or cluster=local_slurm (`make run` starts the pipeline on this machine)"
-        )
-    cluster = dataclasses.replace(
-        job.cluster, workdir=job.cluster.workdir or cwd, python=job.cluster.python or python
-    )
-    name = f"{job.run.name}/{name_suffix}" if name_suffix else job.run.name
-    job = dataclasses.replace(
-        job,
-        cluster=cluster,
-        run=dataclasses.replace(job.run, name=name, root=_under(cluster.workdir, job.run.root)),
-        model=dataclasses.replace(job.model, builtin_dir=_under(cluster.workdir, job.model.builtin_dir)),
-    )
-    plan = plan_job(resolve_auto_fraction(job))
-    job = apply_plan(job, plan)
-    return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan))
-
-
-def _under(workdir: str, path: str) -> str:
-    """Relative paths in the config are relative to the job's working directory."""
-    return path if Path(path).is_absolute() else str(Path(workdir) / path)
-
-
-def ensure_builtin_model(job: JobConfig) -> None:
-    """The built-in tiny model (model.path empty) is built once, here, on the shared filesystem,
-    as `make run` does, so that the roles on the nodes only read it."""
-    if job.model.path:
-        return
-    from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
-
-    build_builtin_model(Path(job.model.builtin_dir), TinyRecipe(sft_steps=job.model.builtin_sft_steps))
-
-
-def write_run_dir(prepared: PreparedJob) -> Path:
-    """Write config.yaml and job.sbatch; create logs/ (sbatch does not create --output dirs)."""
-    run_dir = prepared.run_dir
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    save_job_config(prepared.job, run_dir / "config.yaml")
-    script = run_dir / "job.sbatch"
-    script.write_text(prepared.script)
-    script.chmod(0o755)
-    return script
-
-
-def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
-    """Write the run directory and submit (unless dry_run). Returns the job id."""
-    if (prepared.run_dir / "summary.json").exists():
-        # the job script reads summary.json as "this run is over"; a new run needs its own dir
-        raise ValueError(
-            f"{prepared.run_dir} holds a finished run (summary.json): choose another run.name=... "
-            "or move that directory away"
-        )
-    resumes = (prepared.run_dir / "checkpoints").exists()
-    script = write_run_dir(prepared)
-    print(f"plan: {prepared.plan.describe()}")
-    print(f"run dir: {prepared.run_dir}")
-    if dry_run:
-        print(f"dry run: wrote {script} and {prepared.run_dir / 'config.yaml'}; nothing submitted")
-        return None
-    ensure_builtin_model(prepared.job)
-    job_id = slurm.submit(script)
-    with (prepared.run_dir / "jobs.txt").open("a") as jobs:
-        jobs.write(f"{job_id}\n")
-    if resumes:
-        print("note: the run dir has checkpoints: the job resumes from the latest one (checkpoint.resume)")
-    print(f"submitted job {job_id}")
-    print(f"  follow:  tail -F {prepared.run_dir}/logs/*.log")
-    print(f"  status:  make status JOB={job_id}")
-    print(f"  cancel:  make cancel JOB={job_id}")
-    return job_id
-
-
-def sweep_suffix(argv: list[str], task_overrides: list[str]) -> str:
-    """Run-name suffix of one multirun job: its values of the swept keys, e.g. `max_staleness=4`."""
-    parser = OverridesParser.create()
-    swept = {
-        o.key_or_group
-        for o in parser.parse_overrides([a for a in argv if not a.startswith("-")])
-        if o.is_sweep_override()
-    }
-    parts = [o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") in swept]
-    return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", ",".join(parts))
+from areal_jobs.config import register_configs
+from launch.slurm import submit
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="submit")
 def main(cfg: DictConfig) -> None:
-    hydra_cfg = HydraConfig.get()
-    suffix = ""
-    if hydra_cfg.mode is RunMode.MULTIRUN:
-        suffix = sweep_suffix(sys.argv[1:], list(hydra_cfg.overrides.task)) or str(hydra_cfg.job.num)
-    try:
-        job = to_job_config(cfg)
-        prepared = prepare(job, cwd=hydra_cfg.runtime.cwd, python=sys.executable, name_suffix=suffix)
-        submit(prepared, SlurmCli(), dry_run=job.launch.dry_run)
-    except (ValueError, SlurmError) as err:
-        print(f"error: {err}\nnothing was submitted for this configuration", file=sys.stderr)
-        sys.exit(2)
+    submit.main(cfg)
 
 
 if __name__ == "__main__":

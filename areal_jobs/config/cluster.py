@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 class ClusterKind(enum.Enum):
     local = "local"  # every process on this machine, started by launch.local
-    slurm = "slurm"  # one heterogeneous SLURM job rendered by launch.render
+    slurm = "slurm"  # one heterogeneous SLURM job rendered by launch.slurm.render
 
 
 class Placement(enum.Enum):
-    """How roles share the GPUs (launch/placement.py)."""
+    """How roles share the GPUs (launch/planning/placement.py)."""
 
     auto = "auto"  # whole nodes where the rollout fraction splits the nodes exactly, else GPU-level
     nodes = "nodes"  # heterogeneous job: rollout nodes + trainer nodes (needs cluster.nodes >= 2)
@@ -30,8 +30,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass
 class ClusterConfig:
-    """Where the job runs. Cluster mode renders one heterogeneous SLURM job (launch/plan.py
-    decides the layout, launch/render.py writes the script); local mode runs launch.local."""
+    """Where the job runs. Cluster mode renders one heterogeneous SLURM job (launch/planning/plan.py
+    decides the layout, launch/slurm/render.py writes the script); local mode runs launch.run.local."""
 
     kind: ClusterKind = ClusterKind.local
     nodes: int = 1  # total nodes of the heterogeneous job (rollout + trainer)
@@ -58,7 +58,7 @@ class ClusterConfig:
     loopback: bool = False  # every fake node is this host (local_slurm tests): use 127.0.0.1
     requeue_signal_s: int = 300  # --signal=B:USR1@<s>: checkpoint and requeue before the limit
     nccl_env: dict[str, str] = field(default_factory=dict)  # NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...
-    # online re-planning (launch/replanner.py): every N trained steps the measured speeds and answer
+    # online re-planning (launch/run/replanner.py): every N trained steps the measured speeds and answer
     # lengths go into `allocation_profile` and plan/* metrics are logged; 0 = off
     replan_every_steps: int = 20
     autoscale: bool = False  # act on the re-plan: grow or shrink the rollout pool (local: servers)
@@ -115,7 +115,7 @@ class ClusterConfig:
         """The numeric rollout fraction; `auto` must have been resolved (launch.plan_allocation does it)."""
         if self.rollout_fraction_auto:
             raise ValueError(
-                "cluster.rollout_fraction=auto is resolved by launch.plan_allocation.resolve_auto_fraction, not read directly"
+                "cluster.rollout_fraction=auto is resolved by launch.planning.allocation.resolve_auto_fraction, not read directly"
             )
         return float(self.rollout_fraction)
 

@@ -1,6 +1,6 @@
 """Answer lengths of prompt groups as the few numbers the simulator's length model needs.
 
-The simulator (launch/sim) draws answer lengths as a lognormal per prompt and a lognormal per
+The simulator (launch/planning/sim) draws answer lengths as a lognormal per prompt and a lognormal per
 sample around it. Its three parameters follow from three statistics of ln(tokens): the mean, the
 pooled variance inside groups and the variance of the groups' means. The trainer logs them every
 step (`gen/len_log_*`), so a re-planner that only reads the metrics stream can fit the model

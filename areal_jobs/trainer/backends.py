@@ -13,9 +13,9 @@ def join_ranks(cfg: JobConfig) -> RankChannel:
     or anything)."""
     backend = cfg.trainer.backend
     if backend is TrainerBackend.megatron:
-        from areal_jobs.trainer.megatron_dist import init_distributed
+        from areal_jobs.trainer.megatron.dist import init_distributed
     elif backend is TrainerBackend.fsdp:
-        from areal_jobs.trainer.fsdp_backend import init_distributed
+        from areal_jobs.trainer.fsdp.backend import init_distributed
     else:
         return RankChannel.single()
     init_distributed(cfg.trainer)
@@ -26,11 +26,11 @@ def build_backend(cfg: JobConfig) -> TrainBackend:
     """The backend object (not set up yet: `setup()` loads the model, collectively)."""
     model_path = cfg.model.path or cfg.model.builtin_dir
     if cfg.trainer.backend is TrainerBackend.megatron:
-        from areal_jobs.trainer.megatron_backend import MegatronBackend
+        from areal_jobs.trainer.megatron.backend import MegatronBackend
 
         return MegatronBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
     if cfg.trainer.backend is TrainerBackend.fsdp:
-        from areal_jobs.trainer.fsdp_backend import FSDPBackend
+        from areal_jobs.trainer.fsdp.backend import FSDPBackend
 
         return FSDPBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
     from areal_jobs.trainer.torch_backend import TorchBackend
@@ -46,10 +46,10 @@ def pipeline_stage(cfg: JobConfig, rank: int) -> int:
 def leave_ranks(cfg: JobConfig) -> None:
     """After a clean run: leave the process group `join_ranks` joined."""
     if cfg.trainer.backend is TrainerBackend.megatron:
-        from areal_jobs.trainer.megatron_dist import shutdown_distributed
+        from areal_jobs.trainer.megatron.dist import shutdown_distributed
 
         shutdown_distributed()
     elif cfg.trainer.backend is TrainerBackend.fsdp:
-        from areal_jobs.trainer.fsdp_backend import shutdown_distributed
+        from areal_jobs.trainer.fsdp.backend import shutdown_distributed
 
         shutdown_distributed()

@@ -174,7 +174,7 @@ class TrainLoop:
             "gen/len_p50": float(np.percentile(lengths, 50)),
             "gen/len_p90": float(np.percentile(lengths, 90)),
             "gen/prompt_len_mean": float(np.mean([len(g.prompt_ids) for g in groups])),
-            # what launch/replanner.py fits the simulator's length model to
+            # what launch/run/replanner.py fits the simulator's length model to
             **LengthStats.of_groups([[s.num_tokens for s in g.samples] for g in groups]).metrics(),
             "gen/interrupted_samples": float(sum(s.num_interruptions > 0 for s in samples)),
             "gen/truncated_samples": float(sum(s.finish_reason == "length" for s in samples)),

@@ -46,7 +46,7 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e1
 
 
 def gpu_worker(rank: int, world: int, tp: int, models: dict[str, str]) -> dict:
-    from areal_jobs.trainer import megatron_model
+    from areal_jobs.trainer.megatron import model as megatron_model
 
     out = {"te": megatron_model.use_transformer_engine()}
     batch = make_batch(0)
@@ -139,7 +139,7 @@ def long_batch(vocab: int, num_sequences: int):
 def throughput_worker(rank: int, world: int, model_dir: str) -> dict:
     from areal_jobs.config import AlgoConfig, DType
     from areal_jobs.config.algo import ProxLogp
-    from areal_jobs.trainer import megatron_model
+    from areal_jobs.trainer.megatron import model as megatron_model
 
     # 8192, not 16384: at 16384 the step peaked at 95 GiB on an H200 (over an 80 GB H100's memory)
     # and ran 1.4x slower there (the local spec's block mask makes attention cost grow with s^2)

@@ -27,8 +27,8 @@ PURE_MODULES = [
     "areal_jobs.data.prompts",
     "areal_jobs.reward.math_answer",
     "areal_jobs.reward.registry",
-    "launch.plan",
-    "launch.render",
+    "launch.planning.plan",
+    "launch.slurm.render",
 ]
 
 BLOCKER = """

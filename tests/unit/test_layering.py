@@ -118,6 +118,60 @@ def test_no_import_cycles():
     assert cycles == [], f"modules that import each other (directly or through others): {cycles}"
 
 
+# Rooms inside a unit (docs/architecture.md, "Rooms"): lowest first; a room imports rooms below it
+# (and the unit's top-level modules listed as shared), never one beside or above it.
+ROOMS: dict[str, list[set[str]]] = {
+    # the commands at launch/'s top level only hand over to a room; nothing imports them
+    "launch": [
+        {"launch.planning", "launch.evaluation"},
+        {"launch.slurm"},
+        {"launch.run"},
+        {
+            "launch.local",
+            "launch.submit",
+            "launch.evaluate",
+            "launch.simulate",
+            "launch.scale",
+            "launch.plan_allocation",
+        },
+    ],
+    # the backend-independent core never reaches into one backend; only the seam (backends.py)
+    # names them, and the two multi-rank backends never import each other
+    "areal_jobs.trainer": [
+        {"areal_jobs.trainer"},
+        {"areal_jobs.trainer.megatron", "areal_jobs.trainer.fsdp"},
+        {"areal_jobs.trainer.backends"},
+        {"areal_jobs.trainer.main"},
+    ],
+}
+
+
+def room_of(module: str, unit: str) -> str:
+    """The room of `module` inside `unit`: its first sub-package or top-level module."""
+    rest = module.removeprefix(unit).lstrip(".").split(".")
+    name = f"{unit}.{rest[0]}" if rest[0] else unit
+    rooms = {r for level in ROOMS[unit] for r in level}
+    return name if name in rooms else unit
+
+
+def test_rooms_import_downward_only():
+    wrong = []
+    for module, path in all_modules().items():
+        unit = next((u for u in ROOMS if module == u or module.startswith(u + ".")), None)
+        if unit is None:
+            continue
+        level = {room: i for i, rooms in enumerate(ROOMS[unit]) for room in rooms}
+        source = room_of(module, unit)
+        for line, target in imports_of(path):
+            if not (target == unit or target.startswith(unit + ".")):
+                continue
+            dest = room_of(target, unit)
+            if dest == source or level[dest] < level[source]:
+                continue
+            wrong.append(f"{path.relative_to(REPO)}:{line} imports {target} ({source} -> {dest})")
+    assert wrong == [], "\n".join(wrong)
+
+
 def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path, monkeypatch):
     """The parser itself: an import hidden in a function or a TYPE_CHECKING block still counts."""
     package = tmp_path / "areal_jobs" / "weights"
@@ -131,13 +185,13 @@ def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path, monkeypa
         "from typing import TYPE_CHECKING\n"
         "from . import sender\n"
         "if TYPE_CHECKING:\n    from areal_jobs.trainer import inbox\n"
-        "def later():\n    import launch.plan\n"
+        "def later():\n    import launch.planning.plan\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert imports_of(source) == [
         (2, "areal_jobs.weights.sender"),
         (4, "areal_jobs.trainer"),
-        (6, "launch.plan"),
+        (6, "launch.planning.plan"),
     ]
 
 

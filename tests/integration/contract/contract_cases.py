@@ -135,8 +135,8 @@ def _each_case(make_backend, rank: int, cases: list[str]) -> dict:
 
 def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cases: list[str]) -> dict:
     from areal_jobs.config import DType
-    from areal_jobs.trainer.megatron_backend import MegatronBackend
-    from areal_jobs.trainer.megatron_dist import init_distributed
+    from areal_jobs.trainer.megatron.backend import MegatronBackend
+    from areal_jobs.trainer.megatron.dist import init_distributed
 
     cfg = trainer_config(tp, 1, dp)
     init_distributed(cfg, timeout_s=120.0)
@@ -165,7 +165,7 @@ def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dic
 def fsdp_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict:
     """One spawned FSDP2 rank (DP over `world`)."""
     from areal_jobs.config import DType, TrainerBackend
-    from areal_jobs.trainer.fsdp_backend import FSDPBackend, init_distributed
+    from areal_jobs.trainer.fsdp.backend import FSDPBackend, init_distributed
 
     cfg = replace(trainer_config(), backend=TrainerBackend.fsdp, dp_size=world)
     init_distributed(cfg, timeout_s=120.0)

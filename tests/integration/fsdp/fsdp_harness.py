@@ -45,7 +45,7 @@ def _entry(fn: Callable, rank: int, world: int, port: int, results: Any, args: t
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
         results.put((rank, "error", traceback.format_exc()))
     finally:
-        from areal_jobs.trainer.fsdp_backend import shutdown_distributed
+        from areal_jobs.trainer.fsdp.backend import shutdown_distributed
 
         shutdown_distributed()
 
@@ -71,7 +71,7 @@ def trainer_config(dp: int, **overrides: Any):
 def start_backend(model_dir: Path | str, trainer, algo=None, dtype=None):
     """init_distributed + FSDPBackend(...).setup(), as trainer/main.py does."""
     from areal_jobs.config import AlgoConfig, DType
-    from areal_jobs.trainer.fsdp_backend import FSDPBackend, init_distributed
+    from areal_jobs.trainer.fsdp.backend import FSDPBackend, init_distributed
 
     init_distributed(trainer, timeout_s=120.0)
     backend = FSDPBackend(trainer, algo or AlgoConfig(), str(model_dir), dtype or DType.float32)

@@ -49,7 +49,7 @@ def _entry(fn: Callable, rank: int, world: int, port: int, results: Any, args: t
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
         results.put((rank, "error", traceback.format_exc()))
     finally:
-        from areal_jobs.trainer.megatron_dist import shutdown_distributed
+        from areal_jobs.trainer.megatron.dist import shutdown_distributed
 
         shutdown_distributed()
 
@@ -179,8 +179,8 @@ def trainer_config(tp: int = 1, pp: int = 1, dp: int = 1, **overrides: Any):
 def start_backend(model_dir: Path | str, trainer, algo=None, dtype=None):
     """init_distributed + MegatronBackend(...).setup(), as trainer/main.py does."""
     from areal_jobs.config import AlgoConfig, DType
-    from areal_jobs.trainer.megatron_backend import MegatronBackend
-    from areal_jobs.trainer.megatron_dist import init_distributed
+    from areal_jobs.trainer.megatron.backend import MegatronBackend
+    from areal_jobs.trainer.megatron.dist import init_distributed
 
     init_distributed(trainer, timeout_s=120.0)
     backend = MegatronBackend(trainer, algo or AlgoConfig(), str(model_dir), dtype or DType.float32)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.megatron
 @pytest.mark.parametrize("dp", [1, 2, 3])
 @pytest.mark.parametrize("budget", [40, 64, 1000])
 def test_plan_covers_every_sample_once_with_equal_counts(dp, budget):
-    from areal_jobs.trainer.megatron_backend import plan_microbatches
+    from areal_jobs.trainer.megatron.backend import plan_microbatches
 
     lengths = [18, 10, 11, 12, 9, 13, 7, 7, 30, 25, 3]
     plan = plan_microbatches(lengths, dp, budget)
@@ -28,7 +28,7 @@ def test_plan_covers_every_sample_once_with_equal_counts(dp, budget):
 
 
 def test_plan_pads_ranks_that_have_fewer_samples():
-    from areal_jobs.trainer.megatron_backend import plan_microbatches
+    from areal_jobs.trainer.megatron.backend import plan_microbatches
 
     plan = plan_microbatches([30, 30, 30], 4, 64)
     assert [len(rank) for rank in plan] == [1, 1, 1, 1]
@@ -38,8 +38,8 @@ def test_plan_pads_ranks_that_have_fewer_samples():
 
 def test_backend_modules_do_not_import_the_cpu_compat_layer():
     code = (
-        "import sys; import areal_jobs.trainer.megatron_backend, areal_jobs.trainer.megatron_model; "
-        "assert 'areal_jobs.trainer.megatron_cpu_compat' not in sys.modules, 'imported at import time'"
+        "import sys; import areal_jobs.trainer.megatron.backend, areal_jobs.trainer.megatron.model; "
+        "assert 'areal_jobs.trainer.megatron.cpu_compat' not in sys.modules, 'imported at import time'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -47,7 +47,7 @@ def test_backend_modules_do_not_import_the_cpu_compat_layer():
 def test_cpu_compat_refuses_a_machine_with_cuda(monkeypatch):
     import torch
 
-    from areal_jobs.trainer import megatron_cpu_compat
+    from areal_jobs.trainer.megatron import cpu_compat as megatron_cpu_compat
 
     assert not megatron_cpu_compat.is_enabled()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -251,7 +251,7 @@ def slurm_cluster_session(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def slurm_cluster(slurm_cluster_session: LocalSlurm, monkeypatch: pytest.MonkeyPatch) -> LocalSlurm:
     """The session's cluster, with SLURM_CONF and PATH set for this test only: clients called in
-    process (submitit in launch/aux_jobs.py) find it; other tests never see it."""
+    process (submitit in launch/slurm/aux_jobs.py) find it; other tests never see it."""
     monkeypatch.setenv("SLURM_CONF", slurm_cluster_session.env["SLURM_CONF"])
     monkeypatch.setenv("PATH", slurm_cluster_session.env["PATH"])
     return slurm_cluster_session

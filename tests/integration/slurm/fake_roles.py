@@ -113,7 +113,7 @@ def trainer(cfg: dict, run_dir: Path) -> None:
 
 def main(argv: list[str]) -> None:
     module = argv[argv.index("-m") + 1]
-    if module == "launch.replanner":  # the job script's re-planner: nothing to measure here
+    if module == "launch.run.replanner":  # the job script's re-planner: nothing to measure here
         print("fake re-planner: nothing to do", flush=True)
         return
     cfg = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text())

@@ -1,4 +1,4 @@
-"""submitit auxiliary jobs (launch/aux_jobs.py) on the local SLURM cluster: a command runs on a
+"""submitit auxiliary jobs (launch/slurm/aux_jobs.py) on the local SLURM cluster: a command runs on a
 fake GPU node with the run's cluster settings, and its state is watched to the end, including a
 job that dies without a result (cancelled), which submitit sees only through sacct."""
 
@@ -19,7 +19,7 @@ from areal_jobs.config import (
     RunConfig,
     save_job_config,
 )
-from launch.aux_jobs import submit_command, watch
+from launch.slurm.aux_jobs import submit_command, watch
 
 pytestmark = pytest.mark.slurm
 
@@ -65,7 +65,7 @@ def test_cli_uses_the_run_config_and_waits(slurm_cluster: LocalSlurm, tmp_path: 
         run_dir / "config.yaml",
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.aux_jobs", "--run-dir", str(run_dir), "--gpus", "1", "--wait", "--",
+        [sys.executable, "-m", "launch.slurm.aux_jobs", "--run-dir", str(run_dir), "--gpus", "1", "--wait", "--",
          "echo", "converted"],
         cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip

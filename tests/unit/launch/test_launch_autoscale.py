@@ -1,4 +1,4 @@
-"""Autoscale (launch/autoscale.py): how many rollout nodes beside a fixed trainer, by hand-worked
+"""Autoscale (launch/planning/autoscale.py): how many rollout nodes beside a fixed trainer, by hand-worked
 throughput curves, and once on the simulator."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import copy
 import pytest
 from test_launch_simulate import SMALL  # the small 8-node profile the simulator tests use
 
-from launch.autoscale import pool_throughput, scale_decision
-from launch.sim.engine import run_async
-from launch.sim.profile import load_profile
+from launch.planning.autoscale import pool_throughput, scale_decision
+from launch.planning.sim.engine import run_async
+from launch.planning.sim.profile import load_profile
 
 
 def saturating(r: int) -> float:

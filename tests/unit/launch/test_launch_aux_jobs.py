@@ -1,11 +1,11 @@
-"""launch/aux_jobs.py: a run's cluster settings become submitit parameters (pure part)."""
+"""launch/slurm/aux_jobs.py: a run's cluster settings become submitit parameters (pure part)."""
 
 from __future__ import annotations
 
 import pytest
 
 from areal_jobs.config import ClusterConfig
-from launch.aux_jobs import executor_parameters, main
+from launch.slurm.aux_jobs import executor_parameters, main
 
 
 def test_bare_cluster_gives_only_the_shape() -> None:

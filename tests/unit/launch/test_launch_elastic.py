@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from areal_jobs.transport import discovery
-from launch.elastic import ServerSet, read_target, write_target
-from launch.scale import current_servers, main, parse_change
+from launch.run.elastic import ServerSet, read_target, write_target
+from launch.run.scale import current_servers, main, parse_change
 
 
 class Process:

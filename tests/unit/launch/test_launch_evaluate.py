@@ -12,9 +12,9 @@ import pytest
 from areal_jobs.config import JobConfig, save_job_config
 from areal_jobs.data.eval_sets import EvalSet
 from areal_jobs.rollout.evaluation import EvalOutcome, EvalSummary, ProblemResult
-from launch.eval_checkpoint import resolve_hf_dir
-from launch.eval_report import build_report, summary_line, write_report
-from launch.evaluate import max_prompt_tokens, parse_args
+from launch.evaluation.checkpoint import resolve_hf_dir
+from launch.evaluation.evaluate import max_prompt_tokens, parse_args
+from launch.evaluation.report import build_report, summary_line, write_report
 
 REPO = Path(__file__).resolve().parents[3]
 BUILTIN = REPO / "areal_jobs" / "data" / "builtin_model"

@@ -1,4 +1,4 @@
-"""The fault model of launch/sim/faults.py against hand-worked values, and its closed form against a
+"""The fault model of launch/planning/sim/faults.py against hand-worked values, and its closed form against a
 seeded Monte Carlo draw of the same failures."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from launch.sim.faults import (
+from launch.planning.sim.faults import (
     LLAMA3_GPU_MTBF_H,
     FaultModel,
     compare,

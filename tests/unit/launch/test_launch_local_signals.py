@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from launch.local import on_sigterm_interrupt
+from launch.run.local import on_sigterm_interrupt
 
 
 def test_sigterm_raises_keyboard_interrupt_so_the_roles_are_stopped():

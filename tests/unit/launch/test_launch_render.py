@@ -17,9 +17,9 @@ from areal_jobs.config import (
     TrainerBackend,
     TrainerConfig,
 )
-from launch import golden
-from launch.plan import apply_plan, plan_job
-from launch.render import render_sbatch
+from launch.planning.plan import apply_plan, plan_job
+from launch.slurm import golden
+from launch.slurm.render import render_sbatch
 
 WORKDIR = "/shared/areal_jobs"
 
@@ -176,7 +176,7 @@ def test_absolute_run_root_is_used_as_is() -> None:
 
 
 def test_the_job_starts_the_replanner_only_where_it_can_count_whole_nodes() -> None:
-    assert 'if [ 1 = 1 ]; then\n    "$PYTHON" -m launch.replanner' in render(make_job())
+    assert 'if [ 1 = 1 ]; then\n    "$PYTHON" -m launch.run.replanner' in render(make_job())
     assert "if [ 0 = 1 ]; then" in render(make_job(replan_every_steps=0))
     assert "if [ 0 = 1 ]; then" in render(make_job(nodes=2, gpus_per_node=8, placement="gpus"))
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from launch import golden
+from launch.slurm import golden
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_hostfiles_put_each_task_on_its_node(renders, tmp_path) -> None:
 
 def test_trainer_over_the_shared_node_and_a_whole_node(tmp_path) -> None:
     """4 x 8 at 21/32 (the simulator's best split for 32 GPUs): 21 servers + 11 trainer ranks."""
-    from launch.submit import prepare
+    from launch.slurm.submit import prepare
 
     job = golden_job(["cluster.nodes=4", "cluster.rollout_fraction=0.65625"])
     text = prepare(job, cwd=golden.WORKDIR, python=golden.PYTHON).script

@@ -1,4 +1,4 @@
-"""Online re-planning (launch/replan.py): measured numbers into the simulator profile by hand-worked
+"""Online re-planning (launch/planning/replan.py): measured numbers into the simulator profile by hand-worked
 values, the recommendation against the planner it runs, and the growing-answers comparison."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 from test_launch_simulate import SMALL  # the small 8-node profile the simulator tests use
 
-from launch.plan_allocation import choose_rollout_fraction
-from launch.replan import (
+from launch.planning.allocation import choose_rollout_fraction
+from launch.planning.replan import (
     Measurement,
     decode_model,
     fit_lengths,
@@ -18,8 +18,8 @@ from launch.replan import (
     measured_profile,
     recommend,
 )
-from launch.sim.engine import run_async
-from launch.sim.profile import LengthModel, load_profile
+from launch.planning.sim.engine import run_async
+from launch.planning.sim.profile import LengthModel, load_profile
 
 
 def test_fit_lengths_by_hand():

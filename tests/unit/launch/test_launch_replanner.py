@@ -1,4 +1,4 @@
-"""The re-planner beside a job (launch/replanner.py): what it reads from the metrics rows, by hand;
+"""The re-planner beside a job (launch/run/replanner.py): what it reads from the metrics rows, by hand;
 the recommendation it logs for a measurement that needs more rollout, less, or none; autoscale
 through launch.local's scale.json; the SLURM re-planner's advice."""
 
@@ -22,9 +22,8 @@ from areal_jobs.config import (
 )
 from areal_jobs.data.answer_lengths import LengthStats
 from areal_jobs.metrics import read_jsonl
-from launch import scale_slurm
-from launch.elastic import read_target
-from launch.replanner import (
+from launch.run.elastic import read_target
+from launch.run.replanner import (
     PoolShape,
     Replanner,
     RunMetrics,
@@ -34,6 +33,7 @@ from launch.replanner import (
     measure,
     slurm_shape,
 )
+from launch.slurm import satellites as scale_slurm
 
 CONF = str(Path(__file__).resolve().parents[3] / "conf")
 GROUPS = ((10, 10), (1000, 1000))  # median exp((ln 10 + ln 1000) / 2) = 100 tokens
@@ -118,7 +118,7 @@ def test_autoscale_decides_only_on_a_settled_pool(tmp_path, caplog):
     acted = []
     r = replanner(tmp_path, 2, act=acted.append, autoscale=True, autoscale_max_nodes=4)
     gen, batch, train = SLOW_GEN
-    with caplog.at_level(logging.INFO, logger="launch.replanner"):
+    with caplog.at_level(logging.INFO, logger="launch.run.replanner"):
         r.observe([row(s, gen * 3, batch * 3, 3.0, train) for s in (1, 2)])  # 3 up, 2 asked: changing
     assert acted == [] and r.last[1] is None and "the pool is changing" in caplog.text
     r.observe([row(s, gen * 2, batch * 2, 2.0, train) for s in (3, 4)])
@@ -192,7 +192,7 @@ def test_slurm_autoscale_acts_through_satellite_jobs(tmp_path, caplog, monkeypat
     monkeypatch.setattr(scale_slurm, "grow", lambda run_dir, n: calls.append(+n))
     monkeypatch.setattr(scale_slurm, "shrink", lambda run_dir, n, timeout_s: calls.append(-n))
     monkeypatch.setattr("areal_jobs.logs.setup_logging", lambda role: None)  # keep caplog's handler
-    with caplog.at_level(logging.INFO, logger="launch.replanner"):
+    with caplog.at_level(logging.INFO, logger="launch.run.replanner"):
         assert main([str(tmp_path), "--from-start", "--poll-s", "0"]) == 0
     plan = read_jsonl(tmp_path / "metrics.jsonl")[-1]
     assert "plan/recommended_rollout_fraction" in plan

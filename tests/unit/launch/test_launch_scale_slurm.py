@@ -21,10 +21,10 @@ from areal_jobs.config import (
     save_job_config,
 )
 from areal_jobs.transport import discovery
-from launch import scale_slurm
-from launch.plan import apply_plan, plan_job
-from launch.scale import main
-from launch.scale_slurm import Satellite, next_index, read_satellites, render_satellite, write_satellites
+from launch.planning.plan import apply_plan, plan_job
+from launch.run.scale import main
+from launch.slurm import satellites as scale_slurm
+from launch.slurm.satellites import Satellite, next_index, read_satellites, render_satellite, write_satellites
 
 
 def planned_job(**cluster) -> JobConfig:

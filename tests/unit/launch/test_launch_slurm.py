@@ -1,4 +1,4 @@
-"""The SLURM seam (launch/slurm.py) against stand-in client commands on PATH."""
+"""The SLURM seam (launch/slurm/cli.py) against stand-in client commands on PATH."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import slurm
-from launch.slurm import SlurmCli, SlurmError, parse_job_id
+from launch.slurm import cli as slurm
+from launch.slurm.cli import SlurmCli, SlurmError, parse_job_id
 
 
 def put_on_path(monkeypatch, tmp_path: Path, **scripts: str) -> None:
@@ -73,13 +73,13 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_status_and_cancel_need_no_venv() -> None:
-    """`make status` / `make cancel` run launch/slurm.py with the system python and install nothing:
+    """`make status` / `make cancel` run launch/slurm/cli.py with the system python and install nothing:
     it imports the standard library only, and the make targets do not depend on `install`."""
     import subprocess
     import sys
 
     code = (
-        "import sys\nimport launch.slurm\n"
+        "import sys\nimport launch.slurm.cli\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'launch', '__main__'}))"
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
@@ -87,6 +87,14 @@ def test_status_and_cancel_need_no_venv() -> None:
         [sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, check=False
     )
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+    usage = subprocess.run(
+        [sys.executable, "-S", "-m", "launch.slurm", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )  # the command the make targets run, through launch/slurm/__main__.py
+    assert usage.returncode == 0 and "status" in usage.stdout, usage.stdout + usage.stderr
     for action in ("status", "cancel"):
         dry = subprocess.run(
             ["make", "-n", "--no-print-directory", action, "JOB=1", "VENV=/nonexistent"],

@@ -18,7 +18,7 @@ from areal_jobs.config import (
     RunConfig,
     load_job_config,
 )
-from launch.submit import prepare, submit, sweep_suffix
+from launch.slurm.submit import prepare, submit, sweep_suffix
 
 REPO = Path(__file__).resolve().parents[3]
 

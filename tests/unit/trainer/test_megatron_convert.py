@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_jobs.trainer.megatron_convert import (
+from areal_jobs.trainer.megatron.convert import (
     Kind,
     ModelDims,
     ParamMap,

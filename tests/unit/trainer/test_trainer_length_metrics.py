@@ -1,4 +1,4 @@
-"""The batch metrics the re-planner reads (launch/replanner.py): answer-length statistics per step,
+"""The batch metrics the re-planner reads (launch/run/replanner.py): answer-length statistics per step,
 prompt length, by hand."""
 
 from __future__ import annotations

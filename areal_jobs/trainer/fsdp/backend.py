@@ -1,0 +1,272 @@
+"""PyTorch FSDP2 trainer backend: a Hugging Face causal LM sharded with `fully_shard`, DP ranks.
+
+No conversion: the model is the transformers class the torch backend trains, each decoder layer
+and then the root wrapped by `fully_shard` over all trainer ranks (one per GPU; gloo on CPU).
+One `train_step`, on every rank at once:
+  1. rank 0's TrainBatch is broadcast; every rank derives the same plan (trainer/dp_plan.py):
+     token-balanced DP shares, packed micro-batches, the same count on every rank (padded with
+     empty ones, which run a one-token forward so the FSDP collectives stay in step);
+  2. proximal log-probs of this rank's samples with the pre-step weights (forward only), except
+     with algo.prox_logp=current (the default) for the first minibatch, whose gradient pass
+     runs those weights and supplies them (with one minibatch: no proximal pass at all);
+  3. the torch backend's schedule: `algo.ppo_minibatches` token-balanced minibatches, each split
+     over the DP ranks, the project's `ppo_loss` normalised by the minibatch's output
+     tokens, clipping at `trainer.grad_clip` and one AdamW step. FSDP averages gradients over
+     ranks; the loss is already a global token-mean, so each rank scales it by the world size
+     (exact for powers of two) and the reduced gradient is the sum, as in one process.
+Packing and log-probs are the torch backend's (`token_logprobs`): one row, positions restarting.
+
+Weights: `weight_specs` on rank 0 only (it is the one sender); `iter_weights` is collective
+(each parameter's `full_tensor()` all-gather), rank 0 yields HF-named tensors, the others join
+the gathers eagerly and yield nothing, as Megatron's non-sender ranks do. Checkpoints and HF
+export: trainer/fsdp/state.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from areal_jobs.api import TensorSpec
+from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.trainer.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
+from areal_jobs.trainer.dp_plan import plan_microbatches
+from areal_jobs.trainer.fsdp import state as fsdp_state
+from areal_jobs.trainer.loss import LossStats, ppo_loss
+from areal_jobs.trainer.process_group import join_default_group
+from areal_jobs.trainer.torch_backend import (
+    loss_inputs,
+    prox_from_gradient_pass,
+    step_weights,
+    token_logprobs,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) -> None:
+    """Call first on every trainer rank: join the default group from env:// (RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT, as srun or launch.local set them), NCCL on LOCAL_RANK's GPU, else gloo.
+    A lone process without those variables (dp_size 1) gets a private one-rank group."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    join_default_group(
+        "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
+        timeout_s or trainer.batch_wait_timeout_s + 600.0,
+        trainer.dp_size,
+        f"trainer.dp_size={trainer.dp_size}",
+    )
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class FSDPBackend:
+    """`TrainBackend` on FSDP2. Construct anywhere (no I/O); `setup()` on every rank."""
+
+    def __init__(self, trainer_cfg: TrainerConfig, algo: AlgoConfig, model_path: str, dtype: DType) -> None:
+        if trainer_cfg.fsdp_mixed_precision and dtype is not DType.float32:
+            raise ValueError(
+                "trainer.fsdp_mixed_precision=true keeps float32 parameters and computes in bfloat16: "
+                f"set model.dtype=float32 (not {dtype.value}), or trainer.fsdp_mixed_precision=false"
+            )
+        self.cfg = trainer_cfg
+        self.algo = algo
+        self.model_path = model_path
+        self.dtype = dtype
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def setup(self) -> None:
+        """Load the HF model on every rank, shard it, build AdamW over the shards. Collective."""
+        from transformers import AutoModelForCausalLM
+
+        if not dist.is_initialized():
+            init_distributed(self.cfg)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        torch.manual_seed(self.cfg.seed)
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
+        )
+        if self.cfg.fsdp_activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.architecture = type(model).__name__  # fully_shard renames the class: export the original
+        self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.model = fsdp_state.shard(model, self.cfg.fsdp_mixed_precision, self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.cfg.lr,
+            betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
+            weight_decay=self.cfg.weight_decay,
+        )
+
+    # ------------------------------------------------------------------ training
+
+    def _logprobs(self, samples: list[TrainSample], *, with_entropy: bool = False):
+        """This rank's micro-batch; an empty one runs a one-token forward (FSDP all-gathers are
+        collective) and returns [] with a zero `dummy` attached for the backward. With
+        `with_entropy`, (log-probs, entropies) as token_logprobs returns them."""
+        assert self.model is not None
+        if samples:
+            return token_logprobs(self.model, samples, device=self.device, with_entropy=with_entropy)
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        self._dummy = self.model(input_ids=ids, use_cache=False).logits.float().sum() * 0.0
+        return ([], []) if with_entropy else []
+
+    def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
+        assert self.model is not None and self.optimizer is not None, "call setup() first"
+        t0 = time.perf_counter()
+        batch = broadcast_train_batch(batch, self.device) if self.world > 1 else batch
+        assert batch is not None, "trainer rank 0 must pass the batch"
+        samples = batch.samples
+        if not samples:
+            return {"train/skipped_empty_batch": 1.0}
+        lengths = [len(s.input_ids) for s in samples]
+        outputs = [s.num_output_tokens for s in samples]
+        budget = self.cfg.max_tokens_per_microbatch
+        behav = {i: torch.from_numpy(s.behav_logprobs) for i, s in enumerate(samples)}
+        minibatches = _minibatches(outputs, min(self.algo.ppo_minibatches, len(samples)))
+        prox = dict(behav)  # standard PPO: the behaviour policy is the trust-region anchor
+        gap = torch.zeros(2, dtype=torch.float64)  # sum |prox - behav| and tokens, this rank
+        # prox_logp=current: the first minibatch's gradient pass runs the pre-step weights and
+        # supplies p for its own samples; the pass below covers only the others (the same set on
+        # every rank, so the FSDP collectives stay in step)
+        from_gradient_pass = prox_from_gradient_pass(self.algo, minibatches)
+        if self.algo.decoupled:
+            need = [i for i in range(len(samples)) if i not in from_gradient_pass]
+            with torch.no_grad():
+                for local in (
+                    plan_microbatches([lengths[i] for i in need], self.world, budget)[self.rank]
+                    if need
+                    else []
+                ):
+                    mb = [need[j] for j in local]
+                    for i, lp in zip(mb, self._logprobs([samples[i] for i in mb])):
+                        prox[i] = lp.detach().cpu()
+                        gap += torch.tensor([float((prox[i] - behav[i]).abs().sum()), outputs[i]])
+        t_prox = time.perf_counter()
+        stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
+        for k, minibatch in enumerate(minibatches):
+            # aggregation weights over this optimiser step's samples (loss.py), the same on every rank
+            agg = step_weights(samples, minibatch, self.algo, batch.max_new_tokens)
+            self.optimizer.zero_grad(set_to_none=True)
+            plan = plan_microbatches([lengths[i] for i in minibatch], self.world, budget)[self.rank]
+            for local in plan:
+                mb = [minibatch[j] for j in local]
+                num_micro += 1
+                logp, entropy = self._logprobs([samples[i] for i in mb], with_entropy=True)
+                if not mb:
+                    (self._dummy * self.world).backward()
+                    continue
+                if k == 0 and from_gradient_pass:
+                    for i, lp in zip(mb, logp):
+                        prox[i] = lp.detach().cpu()
+                        gap += torch.tensor([float((prox[i] - behav[i]).abs().sum()), outputs[i]])
+                loss, mb_stats = ppo_loss(
+                    torch.cat(logp).cpu() if self.device is not None else torch.cat(logp),
+                    torch.cat([prox[i] for i in mb]),
+                    torch.cat([behav[i] for i in mb]),
+                    **loss_inputs([samples[i] for i in mb], [agg[i] for i in mb]),
+                    algo=self.algo,
+                    entropy=torch.cat(entropy).cpu(),
+                )
+                (loss * self.world).backward()
+                total_loss += float(loss.detach())
+                stats.add(mb_stats)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            grad_norms.append(float(norm.full_tensor() if isinstance(norm, DTensor) else norm))
+            self.optimizer.step()
+        t_end = time.perf_counter()
+        total_loss, stats, gap, num_micro = self._reduce(total_loss, stats, gap, num_micro)
+        return {
+            "train/loss": total_loss / len(grad_norms),  # mean over the minibatches' token-mean losses
+            "train/grad_norm": max(grad_norms),
+            "train/num_tokens": float(batch.num_output_tokens),
+            "train/num_sequences": float(len(samples)),
+            "train/num_microbatches": float(num_micro),
+            "train/num_minibatches": float(len(grad_norms)),
+            "train/prox_behav_abs_diff": float(gap[0] / gap[1]) if self.algo.decoupled else 0.0,
+            "time/prox_logp_s": t_prox - t0,
+            "time/train_s": t_end - t0,
+            **stats.to_metrics(),
+        }
+
+    def _reduce(
+        self, loss: float, stats: LossStats, gap: torch.Tensor, num_micro: int
+    ) -> tuple[float, LossStats, torch.Tensor, int]:
+        """Sums over the DP ranks (each rank saw only its share of the tokens)."""
+        keys = list(vars(stats))
+        row = torch.tensor(
+            [loss, *(getattr(stats, k) for k in keys), *gap.tolist(), num_micro], dtype=torch.float64
+        )
+        if self.world > 1:
+            dist.all_reduce(row)
+        total = LossStats(**{k: float(v) for k, v in zip(keys, row[1 : 1 + len(keys)])})
+        tail = row[1 + len(keys) :]
+        return float(row[0]), total, tail[:2], int(tail[2])
+
+    # ------------------------------------------------------------------ weights
+
+    def _exported_names(self) -> list[tuple[str, torch.Tensor]]:
+        assert self.model is not None, "call setup() first"
+        state = self.model.state_dict()
+        if self.tied:
+            state.pop("lm_head.weight", None)  # an HF checkpoint of a tied model stores only the embedding
+        return list(state.items())
+
+    def weight_specs(self) -> list[TensorSpec]:
+        if self.rank != 0:
+            return []
+        return [
+            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+            for name, t in self._exported_names()
+        ]
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective: every rank must call it. Rank 0 gets a generator of full tensors; the
+        others join every all-gather now and get nothing."""
+        full = ((name, _full(t)) for name, t in self._exported_names())
+        if self.rank == 0:
+            return full
+        for _ in full:
+            pass
+        return iter(())
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: str) -> None:
+        assert self.model is not None and self.optimizer is not None
+        fsdp_state.save_sharded(self.model, self.optimizer, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        assert self.model is not None and self.optimizer is not None, "call setup() first"
+        fsdp_state.load_sharded(self.model, self.optimizer, path)
+
+    def save_hf(self, path: str) -> None:
+        assert self.model is not None
+        tensors = dict(self.iter_weights())
+        if self.rank == 0:
+            fsdp_state.write_hf(path, tensors, self.model.config, self.architecture, self.model_path)
+        if self.world > 1:
+            dist.barrier()
+
+
+def _minibatches(outputs: list[int], count: int) -> list[list[int]]:
+    from areal_jobs.data.packing import balanced_microbatches
+
+    return balanced_microbatches(outputs, sum(outputs), min_count=count)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()

@@ -1,0 +1,379 @@
+"""Megatron-Core trainer backend: GPTModel with TP/PP/DP behind the `TrainBackend` protocol.
+
+A drop-in for the torch backend: same batches in, same loss, HF-named weights out.
+One `train_step`:
+  1. rank 0's TrainBatch is broadcast (transport/batch_codec.py bytes, no pickle); its samples are split over DP ranks (balanced by tokens)
+     and packed into micro-batches under `trainer.max_tokens_per_microbatch`, with the same
+     number of micro-batches on every DP rank (padded with empty ones);
+  2. proximal log-probs for every micro-batch with the pre-step weights (forward only), with
+     algo.prox_logp=recompute; with current (the default) the gradient pass of step 3 runs
+     those very weights (one optimiser step per batch) and its own log-probs, detached, are p;
+  3. forward/backward of the decoupled PPO loss over all micro-batches. Each micro-batch's loss
+     is already divided by the output-token count of the whole global batch (trainer/loss.py),
+     so gradients are summed over micro-batches and DP ranks, never averaged; then clipping
+     at `trainer.grad_clip` and one AdamW step of Megatron's distributed optimizer.
+Log-probs come from vocab-parallel logits through `vocab_parallel_cross_entropy`; the padded
+vocab columns are set to -inf first, so the softmax is over the HF vocab exactly.
+Packing: THD with PackedSeqParams under TransformerEngine (GPU), else one row per micro-batch
+with a block-diagonal causal mask and positions restarting at 0 per sequence.
+
+Who does what: every method runs on every trainer rank at once. `weight_specs`/`iter_weights`
+gather TP shards collectively; the TP-rank-0, DP-rank-0 rank of each pipeline stage is that
+stage's sender and the only rank that yields (its own layers, HF names and dtype).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.module import Float16Module
+
+from areal_jobs.api import TensorSpec
+from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config.algo import ProxLogp
+from areal_jobs.trainer.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
+from areal_jobs.trainer.dp_plan import plan_microbatches
+from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
+from areal_jobs.trainer.megatron import model as megatron_model
+from areal_jobs.trainer.megatron import weights as megatron_weights
+from areal_jobs.trainer.megatron.convert import ModelDims, ParamMap, param_maps
+from areal_jobs.trainer.megatron.dist import init_distributed
+from areal_jobs.trainer.megatron.microbatch import MicroBatch, build_microbatch
+
+logger = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {DType.float32: torch.float32, DType.bfloat16: torch.bfloat16}
+
+
+class MegatronBackend:
+    """`TrainBackend` on Megatron-Core. Construct anywhere (no I/O); `setup()` after
+    `init_distributed`, on every rank."""
+
+    def __init__(
+        self,
+        trainer_cfg: TrainerConfig,
+        algo: AlgoConfig,
+        model_path: str,
+        dtype: DType,
+    ) -> None:
+        if dtype not in _TORCH_DTYPES:
+            raise ValueError(
+                f"trainer=megatron trains in float32 or bfloat16: set model.dtype=bfloat16, not {dtype.value}"
+            )
+        self._cfg = trainer_cfg
+        self._algo = algo
+        self._model_path = model_path
+        self._dtype = _TORCH_DTYPES[dtype]
+        self._num_global_tokens = 0.0
+
+    # ------------------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        """Build this stage's model, load the HF weights, wrap in DDP, build the optimizer.
+        Runs `init_distributed` first if nobody has (a lone trainer process)."""
+        cfg = self._cfg
+        if not parallel_state.model_parallel_is_initialized():
+            init_distributed(cfg)
+        self.dims = ModelDims.from_hf_config(
+            megatron_model.read_hf_config(self._model_path),
+            vocab_multiple=cfg.megatron_vocab_multiple,
+        )
+        self.dims.check_layout(cfg.tp_size, cfg.pp_size)
+        self._use_te = megatron_model.use_transformer_engine()
+        self._device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        )
+        self._tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self._pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self._dp_rank = parallel_state.get_data_parallel_rank()
+        self._maps = param_maps(
+            self.dims,
+            pp_size=cfg.pp_size,
+            pp_rank=self._pp_rank,
+            te_fused_norms=self._use_te,
+        )
+        config = megatron_model.transformer_config(
+            self.dims,
+            tp_size=cfg.tp_size,
+            pp_size=cfg.pp_size,
+            params_dtype=self._dtype,
+            use_te=self._use_te,
+        )
+        self._gpt = megatron_model.build_gpt(self.dims, config, use_te=self._use_te)
+        megatron_weights.load_hf_weights(
+            self._gpt,
+            self._model_path,
+            self.dims,
+            tp_size=cfg.tp_size,
+            tp_rank=self._tp_rank,
+            pp_size=cfg.pp_size,
+            pp_rank=self._pp_rank,
+            te_fused_norms=self._use_te,
+        )
+        module = Float16Module(config, self._gpt) if self._dtype != torch.float32 else self._gpt
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=True,
+        )
+        self._ddp = DistributedDataParallel(config, ddp_config, module)
+        config.no_sync_func = self._ddp.no_sync
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.lr,
+            min_lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            clip_grad=cfg.grad_clip,
+            bf16=self._dtype == torch.bfloat16,
+            params_dtype=self._dtype,
+            use_distributed_optimizer=True,
+        )
+        # {} = one group, weight decay on every parameter, as the torch backend's AdamW does
+        self._optimizer = get_megatron_optimizer(opt_config, [self._ddp], config_overrides={})
+        self._pad_vocab_mask = self._padded_vocab_columns()
+
+    def _padded_vocab_columns(self) -> torch.Tensor | None:
+        """bool [Vp/tp]: this TP rank's logit columns beyond the HF vocab (None if none)."""
+        per_rank = self.dims.padded_vocab_size // self._cfg.tp_size
+        index = torch.arange(per_rank, device=self._device) + self._tp_rank * per_rank
+        pad = index >= self.dims.vocab_size
+        return pad if bool(pad.any()) else None
+
+    # ------------------------------------------------------------------------------ training
+
+    def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
+        start = time.perf_counter()
+        batch = broadcast_train_batch(batch, self._device)
+        if not batch.samples:
+            return {"train/skipped_empty_batch": 1.0}
+        self._num_global_tokens = float(batch.num_output_tokens)
+        lengths = [len(s.input_ids) for s in batch.samples]
+        plan = plan_microbatches(lengths, self._cfg.dp_size, self._cfg.max_tokens_per_microbatch)
+        # one optimiser step over the whole batch (algo.ppo_minibatches > 1 is refused in config)
+        agg = token_weights([s.mask() for s in batch.samples], self._algo.loss_agg, batch.max_new_tokens)
+        microbatches = [
+            build_microbatch(
+                [batch.samples[i] for i in mb], [agg[i] for i in mb], device=self._device, use_te=self._use_te
+            )
+            for mb in plan[self._dp_rank]
+        ]
+
+        # prox_logp=current leaves mb.prox_logp None: _ppo_loss takes the gradient pass's own
+        # log-probs, which run the pre-step weights (one optimiser step per batch)
+        if not self._algo.decoupled:
+            for mb in microbatches:
+                mb.prox_logp = mb.behav_logp
+        elif self._algo.prox_logp is ProxLogp.recompute:
+            with torch.no_grad():
+                outputs = self._run_schedule(microbatches, self._logp_loss, forward_only=True)
+            for mb, out in zip(microbatches, outputs, strict=False):  # only the last stage has outputs
+                mb.prox_logp = out["logp"]
+        prox_s = time.perf_counter() - start
+
+        self._ddp.zero_grad_buffer()
+        self._optimizer.zero_grad()
+        outputs = self._run_schedule(microbatches, self._ppo_loss, forward_only=False)
+        finalize_model_grads([self._ddp])
+        update_ok, grad_norm, _ = self._optimizer.step()
+        if not update_ok:
+            raise RuntimeError("Megatron optimizer step was skipped (non-finite gradients)")
+        metrics = self._reduce_metrics(outputs, microbatches)
+        return {
+            **metrics,
+            "train/grad_norm": float(grad_norm or 0.0),
+            "train/num_tokens": float(batch.num_output_tokens),
+            "train/num_sequences": float(len(batch.samples)),
+            "train/num_microbatches": float(len(microbatches)),
+            "time/prox_logp_s": prox_s,
+            "time/train_s": time.perf_counter() - start,
+        }
+
+    def _run_schedule(self, microbatches: list[MicroBatch], loss_fn, *, forward_only: bool) -> list[dict]:
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            output = model(
+                mb.input_ids,
+                mb.position_ids,
+                mb.attention_mask,
+                packed_seq_params=mb.packed_seq_params,
+            )
+            return output, partial(loss_fn, mb)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(microbatches),
+            model=[self._ddp],
+            num_microbatches=len(microbatches),
+            seq_length=max(mb.num_tokens for mb in microbatches),  # ignored with variable lengths
+            micro_batch_size=1,
+            forward_only=forward_only,
+        )
+
+    @torch.no_grad()
+    def full_logits(self, sequences: Sequence[np.ndarray]) -> torch.Tensor | None:
+        """Evaluation forward of packed sequences -> logits over the HF vocab [T, V] (float32),
+        on the last pipeline stage's ranks (None on the others). Collective over all ranks."""
+        samples = [
+            TrainSample(
+                "",
+                np.asarray(s, np.int64),
+                len(s),
+                np.zeros(0, np.float32),
+                np.zeros(0, np.int32),
+                0.0,
+                0.0,
+            )
+            for s in sequences
+        ]
+        gather = tensor_parallel.gather_from_tensor_model_parallel_region
+
+        def keep_logits(mb: MicroBatch, logits: torch.Tensor):
+            full = gather(logits[0].float())[:, : self.dims.vocab_size]
+            return (
+                logits.new_zeros(()),
+                torch.tensor(0, dtype=torch.int),
+                {"logits": full},
+            )
+
+        outputs = self._run_schedule(
+            [build_microbatch(samples, device=self._device, use_te=self._use_te)],
+            keep_logits,
+            forward_only=True,
+        )
+        return outputs[0]["logits"] if outputs else None
+
+    def token_logprobs(self, logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        """logits [1, T, Vp/tp] (vocab-parallel) -> log-probs of the output tokens [n]."""
+        logits = logits[0].float()
+        if self._pad_vocab_mask is not None:
+            logits = logits.masked_fill(self._pad_vocab_mask, float("-inf"))
+        nll = tensor_parallel.vocab_parallel_cross_entropy(logits[:, None], mb.labels[:, None])
+        return -nll[:, 0].index_select(0, mb.out_index)
+
+    def _logp_loss(self, mb: MicroBatch, logits: torch.Tensor):
+        logp = self.token_logprobs(logits, mb)
+        return (
+            logits.new_zeros(()),
+            torch.tensor(0, dtype=torch.int),
+            {"logp": logp.detach()},
+        )
+
+    @torch.no_grad()
+    def token_entropy(self, logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        """Entropy of the policy at the output positions [n], from vocab-parallel logits:
+        H = log Σ e^l - Σ e^l l / Σ e^l, each sum all-reduced over the TP group."""
+        if mb.out_index.numel() == 0:  # an empty micro-batch: its TP peers skip alike (same data)
+            return torch.zeros(0, device=logits.device)
+        local = logits[0].float().index_select(0, mb.out_index)  # [n, Vp/tp]
+        if self._pad_vocab_mask is not None:
+            local = local.masked_fill(self._pad_vocab_mask, float("-inf"))
+        group = parallel_state.get_tensor_model_parallel_group()
+        top = local.max(dim=-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        shifted = local - top[:, None]
+        exp = shifted.exp()
+        sums = torch.stack([exp.sum(-1), (exp * shifted.masked_fill(exp == 0, 0.0)).sum(-1)])
+        dist.all_reduce(sums, group=group)
+        return sums[0].log() - sums[1] / sums[0]
+
+    def _ppo_loss(self, mb: MicroBatch, logits: torch.Tensor):
+        # entropy first: vocab_parallel_cross_entropy works in place on the logits it is given
+        entropy = self.token_entropy(logits, mb)
+        logp = self.token_logprobs(logits, mb)
+        if mb.prox_logp is None:  # prox_logp=current: these are the pre-step weights' log-probs
+            mb.prox_logp = logp.detach()
+        loss, stats = ppo_loss(
+            logp,
+            mb.prox_logp,
+            mb.behav_logp,
+            mb.advantages,
+            mb.token_weight,
+            mb.seq_index,
+            self._algo,
+            entropy=entropy,
+        )
+        # (loss, token count, report): with calculate_per_token_loss Megatron leaves loss unscaled
+        return (
+            loss,
+            torch.tensor(int(stats.num_tokens), dtype=torch.int),
+            {"loss": loss.detach(), "stats": stats},
+        )
+
+    def _reduce_metrics(self, outputs: list[dict], microbatches: list[MicroBatch]) -> dict[str, float]:
+        """Loss and PPO statistics of the last stage, summed over DP ranks onto global rank 0."""
+        stats = LossStats()
+        loss = prox_gap = 0.0
+        if parallel_state.is_pipeline_last_stage() and self._tp_rank == 0:
+            for out, mb in zip(outputs, microbatches, strict=True):
+                stats.add(out["stats"])
+                loss += float(out["loss"])
+                prox_gap += float((mb.prox_logp - mb.behav_logp).abs().sum())
+        keys = list(vars(stats))
+        values = [loss, prox_gap, *(getattr(stats, k) for k in keys)]
+        totals = torch.tensor(values, dtype=torch.float64, device=self._device)
+        dist.all_reduce(totals)
+        summed = LossStats(**dict(zip(keys, totals[2:].tolist(), strict=True)))
+        return {
+            "train/loss": float(totals[0]),
+            "train/prox_behav_abs_diff": float(totals[1]) / self._num_global_tokens,
+            **summed.to_metrics(),
+        }
+
+    # ------------------------------------------------------------------------------ weights out
+
+    def _exported_maps(self) -> list[ParamMap]:
+        return [pm for pm in self._maps if pm.exported]
+
+    def weight_specs(self) -> list[TensorSpec]:
+        if self._dp_rank != 0 or self._tp_rank != 0:
+            return []
+        return megatron_weights.hf_specs(self._exported_maps(), self.dims, self._dtype)
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Senders get a generator; the other TP ranks of DP rank 0 join the gathers eagerly
+        (their call returns once the sender has iterated everything)."""
+        if self._dp_rank != 0:
+            return iter(())
+        tensors = megatron_weights.gathered_hf_tensors(
+            self._gpt, self._exported_maps(), self.dims, self._dtype, self._cfg.tp_size, self._tp_rank
+        )
+        if self._tp_rank == 0:
+            return tensors
+        for _ in tensors:
+            pass
+        return iter(())
+
+    def save_hf(self, path: str) -> None:
+        """HF directory: each stage's sender writes its own safetensors shard, rank 0 the config,
+        tokenizer files and the shard index. Collective."""
+        megatron_weights.save_hf_dir(
+            Path(path), self.iter_weights, self._pp_rank, self._cfg.pp_size,
+            self._model_path, self.dims, self._dtype, te_fused_norms=self._use_te,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: str) -> None:
+        """Megatron dist checkpoint of model + distributed optimizer; any TP/PP/DP layout loads it."""
+        megatron_weights.save_dist_checkpoint(self._gpt, self._optimizer, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        megatron_weights.load_dist_checkpoint(self._gpt, self._optimizer, path)

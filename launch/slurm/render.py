@@ -1,0 +1,233 @@
+"""Renderer: (JobConfig, AllocationPlan) -> the text of one heterogeneous sbatch script.
+
+Pure: the same inputs give the same bytes (the committed renders in sbatch/ are checked by a
+golden test). The template, sbatch/hetjob.sbatch.tmpl, stays readable bash; it uses `{{ name }}`
+placeholders so that bash's own `$VAR` needs no escaping. Python fills in only values and the
+`#SBATCH` header; all runtime logic (discovery, token, trap, requeue) is in the template.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+from pathlib import Path, PurePosixPath
+
+from areal_jobs.config import ClusterConfig, JobConfig, Placement, RolloutEngine
+from launch.planning.plan import AllocationPlan
+
+TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "sbatch" / "hetjob.sbatch.tmpl"
+
+
+class SbatchTemplate(string.Template):
+    """`{{ name }}` placeholders; anything else starting with `{{` is an error."""
+
+    delimiter = "{{"
+    pattern = r"""
+    \{\{\s*(?:
+      (?P<named>[a-z_][a-z0-9_]*)\s*\}\}
+    | (?P<braced>(?!))
+    | (?P<escaped>(?!))
+    | (?P<invalid>)
+    )"""
+
+
+def run_dir_of(job: JobConfig) -> str:
+    """Absolute run directory on the shared filesystem: run.root/run.name under cluster.workdir."""
+    root = PurePosixPath(job.run.root)
+    if not root.is_absolute():
+        root = PurePosixPath(job.cluster.workdir) / root
+    return str(root / job.run.name)
+
+
+def job_name(job: JobConfig) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", job.run.name).strip("-") or "areal"
+
+
+def survives_node_loss(plan: AllocationPlan) -> bool:
+    """A het job outlives a lost rollout node where both groups have 2+ nodes and are `--no-kill`.
+    SLURM 22.05 applies a node failure to the groups of a het job in turn (rollout group first)
+    and requeues a group that cannot shrink (one node). Measured on the loopback cluster
+    (tests/integration/slurm/test_slurm_node_loss.py, docs/faults.md): with 3 + 1 nodes and
+    `--no-kill` a lost rollout node is survived, but a lost trainer node requeues the trainer group
+    alone and leaves the job half finished (group 0 COMPLETED, group 1 PENDING for ever); without
+    `--no-kill` any loss requeues the whole job, which resumes from its checkpoint."""
+    return plan.placement is Placement.nodes and plan.rollout_nodes >= 2 and plan.trainer_nodes >= 2
+
+
+def sbatch_component(
+    cluster: ClusterConfig, title: str, nodes: int, tasks_per_node: int, no_kill: bool = False
+) -> list[str]:
+    """`#SBATCH` lines of one het component. Partition/account/qos/time are repeated per component
+    (SLURM propagates some of them, not all) so the header reads the same for every group."""
+    lines = [f"# component: {title}"]
+    for option, value in (
+        ("partition", cluster.partition),
+        ("account", cluster.account),
+        ("qos", cluster.qos),
+        ("time", cluster.time_limit),
+    ):
+        if value:
+            lines.append(f"#SBATCH --{option}={value}")
+    resources = (
+        f"#SBATCH --nodes={nodes} --ntasks-per-node={tasks_per_node} "
+        f"--cpus-per-task={cluster.cpus_per_task} --gres=gpu:{cluster.gpus_per_node} --exclusive"
+    )
+    if cluster.mem_per_node:
+        resources += f" --mem={cluster.mem_per_node}"
+    lines.append(resources)
+    if no_kill:  # a failed node leaves the job instead of requeueing it
+        lines.append("#SBATCH --no-kill")
+    lines += [f"#SBATCH {arg}" for arg in cluster.sbatch_args]
+    return lines
+
+
+def sbatch_header(job: JobConfig, plan: AllocationPlan) -> str:
+    """Job-wide options, then group 0 (rollout) and group 1 (trainer + controller)."""
+    cluster = job.cluster
+    run_dir = run_dir_of(job)
+    lines = [
+        f"#SBATCH --job-name={job_name(job)}",
+        f"#SBATCH --output={run_dir}/logs/sbatch-%j.out",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --chdir={cluster.workdir}",
+        "#SBATCH --requeue",
+    ]
+    if cluster.requeue_signal_s:
+        lines.append(f"#SBATCH --signal=B:USR1@{cluster.requeue_signal_s}")
+    if plan.placement is not Placement.nodes:  # one job over whole nodes, split per step
+        title = f"rollout servers + trainer + rollout controller ({plan.placement.value} placement)"
+        return "\n".join(lines + sbatch_component(cluster, title, plan.nodes, cluster.gpus_per_node))
+    no_kill = survives_node_loss(plan)
+    lines += sbatch_component(
+        cluster, "0 = rollout servers", plan.rollout_nodes, plan.servers_per_node, no_kill
+    )
+    lines.append("#SBATCH hetjob")
+    lines += sbatch_component(
+        cluster, "1 = trainer + rollout controller", plan.trainer_nodes, plan.trainer_tasks_per_node, no_kill
+    )
+    return "\n".join(lines)
+
+
+def _placement_values(plan: AllocationPlan) -> dict[str, str]:
+    """The lines that differ between a heterogeneous job and a GPU-level split."""
+    if plan.placement is Placement.nodes:
+        return {
+            "role_nodes": "ROLLOUT_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_0\n"
+            "TRAINER_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_1",
+            "rollout_srun": 'srun --het-group=0 --ntasks-per-node="$SERVERS_PER_NODE"',
+            "trainer_group": "--het-group=1 ",
+            "trainer_srun": 'srun --het-group=1 --ntasks-per-node="$TRAINER_TASKS_PER_NODE"',
+        }
+    serving_nodes = plan.rollout_nodes + (1 if plan.shared_servers else 0)
+    hostnames = 'scontrol show hostnames "$SLURM_JOB_NODELIST"'
+    shared_node = plan.rollout_nodes + 1
+    later = (
+        f" and every GPU of the {plan.trainer_nodes - 1} node(s) after it" if plan.trainer_nodes > 1 else ""
+    )
+    role_nodes = "\n".join(
+        [
+            f"# {plan.placement.value} placement: servers fill {plan.rollout_nodes} whole node(s), then GPUs "
+            f"0-{plan.shared_rollout_gpus - 1} of node {shared_node};",
+            f"# the trainer uses GPUs {plan.trainer_gpu_ids} of node {shared_node}{later}",
+            f"ROLLOUT_NODELIST=$({hostnames} | head -n {serving_nodes} | paste -sd,)",
+            f"TRAINER_NODELIST=$({hostnames} | tail -n {plan.trainer_nodes} | paste -sd,)",
+            "# task i of a step runs on line i of its hostfile (srun --distribution=arbitrary)",
+            f"{hostnames} \\",
+            f'    | awk -v whole={plan.rollout_nodes} -v full="$SERVERS_PER_NODE" -v shared={plan.shared_servers} \\',
+            "        '{ n = (NR <= whole) ? full : (NR == whole + 1) ? shared : 0; "
+            'for (i = 0; i < n; i++) print }\' > "$RUN_DIR/rollout.hosts"',
+            f"{hostnames} | tail -n {plan.trainer_nodes} \\",
+            f'    | awk -v first={plan.trainer_tasks_first_node} -v full="$TRAINER_TASKS_PER_NODE" \\',
+            "        '{ n = (NR == 1) ? first : full; for (i = 0; i < n; i++) print }' > \"$RUN_DIR/trainer.hosts\"",
+        ]
+    )
+    return {
+        "role_nodes": role_nodes,
+        # every step sees the node's GPUs (--overlap) and pins its own with CUDA_VISIBLE_DEVICES
+        "rollout_srun": (
+            f'SLURM_HOSTFILE="$RUN_DIR/rollout.hosts" srun --distribution=arbitrary '
+            f"--ntasks={plan.num_servers} --overlap"
+        ),
+        "trainer_group": "",
+        "trainer_srun": (
+            f'SLURM_HOSTFILE="$RUN_DIR/trainer.hosts" srun --distribution=arbitrary '
+            f"--ntasks={plan.trainer_world_size} --overlap"
+        ),
+    }
+
+
+def srun_container(cluster: ClusterConfig) -> str:
+    if not cluster.container_image:
+        return ""
+    args = [f"--container-image={cluster.container_image}", f"--container-workdir={cluster.workdir}"]
+    if cluster.container_mounts:
+        args.append(f"--container-mounts={cluster.container_mounts}")
+    return " \\\n    " + " ".join(shlex.quote(arg) for arg in args)
+
+
+def nccl_exports(cluster: ClusterConfig) -> str:
+    if not cluster.nccl_env:
+        return "# (none set)"
+    return "\n".join(
+        f"export {key}={shlex.quote(str(cluster.nccl_env[key]))}" for key in sorted(cluster.nccl_env)
+    )
+
+
+def _check_paths(cluster: ClusterConfig) -> None:
+    if not PurePosixPath(cluster.workdir).is_absolute():
+        raise ValueError(
+            f"cluster.workdir={cluster.workdir!r} must be an absolute path on the shared filesystem "
+            "(launch.submit fills in the current directory when it is empty)"
+        )
+    if not cluster.python:
+        raise ValueError(
+            "cluster.python is empty: set the interpreter the nodes run, e.g. cluster.python=python"
+        )
+
+
+def engine_python(job: JobConfig) -> str:
+    """The rollout servers' engine interpreter on the nodes: rollout.engine_python, else the
+    checkout's .venv-vllm for vLLM (made by `make vllm-venv` in cluster.workdir), else cluster.python."""
+    if job.rollout.engine_python:
+        return job.rollout.engine_python
+    if job.rollout.engine is RolloutEngine.vllm:
+        return str(PurePosixPath(job.cluster.workdir) / ".venv-vllm" / "bin" / "python")
+    return job.cluster.python
+
+
+def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = None) -> str:
+    """The sbatch script for `job` laid out by `plan` (pass the planned job: see plan.apply_plan)."""
+    _check_paths(job.cluster)
+    text = template if template is not None else TEMPLATE_PATH.read_text()
+    last_port = plan.server_base_port + plan.num_servers - 1
+    values = {
+        "plan_summary": plan.describe(),
+        "sbatch_header": sbatch_header(job, plan),
+        "run_dir": shlex.quote(run_dir_of(job)),
+        "python": shlex.quote(job.cluster.python),
+        "rollout_engine": job.rollout.engine.value,
+        "engine_python": shlex.quote(engine_python(job)),
+        "rollout_tp": str(plan.rollout_tp),
+        "servers_per_node": str(plan.servers_per_node),
+        "trainer_tasks_per_node": str(plan.trainer_tasks_per_node),
+        "loopback": "1" if job.cluster.loopback else "0",
+        "master_port": str(plan.trainer_master_port),
+        "controller_port": str(plan.controller_port),
+        "weight_sync_port": str(plan.weight_sync_port),
+        "server_ports": f"{plan.server_base_port}-{last_port}",
+        "requeue_signal_s": str(job.cluster.requeue_signal_s),
+        "nccl_exports": nccl_exports(job.cluster),
+        "srun_container": srun_container(job.cluster),
+        "placement": plan.placement.value,
+        "trainer_gpus": plan.trainer_gpu_ids or '""',
+        # the re-planner counts whole rollout nodes (launch/run/replanner.py: slurm_shape)
+        "node_loss": "1" if survives_node_loss(plan) else "0",
+        "replan": "1" if job.cluster.replan_every_steps and plan.placement is Placement.nodes else "0",
+        **_placement_values(plan),
+    }
+    tmpl = SbatchTemplate(text)
+    unused = set(values) - set(tmpl.get_identifiers())
+    if unused:
+        raise ValueError(f"template {TEMPLATE_PATH.name} lacks placeholders {sorted(unused)}")
+    return tmpl.substitute(values)
