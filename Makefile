@@ -55,8 +55,12 @@ warmstart: install
 	$(PY) -m areal_jobs.data.tiny_model --out areal_jobs/data/builtin_model
 
 # CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
+# TEST_WORKERS pytest-xdist workers (tests/conftest.py groups the tests that share a server or the
+# SLURM cluster onto one worker); TEST_WORKERS=0 runs in this process. The 20 slowest are printed.
+TEST_WORKERS ?= 2
+TEST_ARGS ?=
 test: install vllm-venv system-packages
-	$(PY) -m pytest -m "not gpu" tests
+	$(PY) -m pytest -m "not gpu" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) --durations=20 $(TEST_ARGS) tests
 
 test-unit: install
 	$(PY) -m pytest -m "not gpu" tests/unit

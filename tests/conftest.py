@@ -41,6 +41,43 @@ FIXTURE_ENV = {
 _baseline: dict[str, object] = {}
 
 
+# Two workers share CI's two cores (`make test`: pytest-xdist, --dist loadgroup). Tests that share
+# something expensive or exclusive run on one worker, in one group: the SLURM cluster (one per
+# run), the SGLang session server, the reward sandbox pools, the bench's model and run dirs, the
+# vLLM servers (their CPU KV caches are large), the pretrained checkpoint. Every other module is
+# its own group, so its module-scoped fixtures start once. The longest groups go first.
+SHARED_GROUPS = {
+    "tests/integration/slurm/": "slurm",
+    "tests/integration/sglang/": "sglang",
+    "tests/integration/reward/": "reward",
+    "tests/integration/bench/": "bench",
+    "tests/integration/vllm/": "vllm",
+    "tests/integration/pretrained/": "pretrained",
+}
+_FIRST = (
+    "tests/integration/slurm/",
+    "tests/integration/e2e/",
+    "tests/integration/bench/",
+    "tests/integration/",
+)
+
+
+def xdist_group_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return next((group for prefix, group in SHARED_GROUPS.items() if path.startswith(prefix)), path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid)))
+    rank = {
+        id(item): next((i for i, p in enumerate(_FIRST) if item.nodeid.startswith(p)), len(_FIRST))
+        for item in items
+    }
+    items.sort(key=lambda item: rank[id(item)])  # stable: the order inside a rank is pytest's
+
+
 def process_state() -> dict[str, object]:
     root = logging.getLogger()
     torch = sys.modules.get("torch")
