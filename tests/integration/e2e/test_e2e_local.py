@@ -79,17 +79,20 @@ def ledger(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
-def test_async_run_respects_eta_and_interrupts(tmp_path, tiny_model_dir):
-    run_dir = run_local(tmp_path, tiny_model_dir, "eta4", "algo.max_staleness=4", "trainer.total_steps=6")
+ASYNC_STEPS = 6  # the asynchronous run (eta = 4) is test_e2e_unprivileged's: one stack start for both
+
+
+def check_async_run(run_dir: Path) -> None:
+    """What an asynchronous run (algo.max_staleness=4, ASYNC_STEPS steps, B = G = 2) must show."""
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(FINAL_KEYS) <= set(summary)
     assert (
-        summary["steps"] == 6
+        summary["steps"] == ASYNC_STEPS
         and summary["accuracy_start"] is not None
         and summary["accuracy_end"] is not None
     )
     rows = ledger(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert [r["step"] for r in rows] == list(range(1, ASYNC_STEPS + 1))
     assert all(r["trained_at_version"] - r["oldest_version"] <= 4 for r in rows)
     assert all(r["max_staleness"] <= 4 for r in rows)
     assert summary["max_staleness_seen"] == max(r["max_staleness"] for r in rows) <= 4
@@ -98,7 +101,7 @@ def test_async_run_respects_eta_and_interrupts(tmp_path, tiny_model_dir):
     assert summary["max_staleness_seen"] >= 1
     assert summary["straddled_segments"] > 0 and summary["interrupted_requests"] == 0
     samples = [s for r in rows for s in r["samples"]]
-    assert len(samples) == len(set(samples)) == 6 * 2 * 2
+    assert len(samples) == len(set(samples)) == ASYNC_STEPS * 2 * 2
     for artefact in ("metrics.jsonl", "reward_accuracy.png", "final_hf/model.safetensors", "config.yaml"):
         assert (run_dir / artefact).exists(), artefact
     # held-out accuracy per chain length: the 4 eval prompts, each in its bucket, start and end
