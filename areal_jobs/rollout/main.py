@@ -40,6 +40,10 @@ logger = logging.getLogger("areal_jobs.rollout.main")
 async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     from areal_jobs.reward.service import RewardService
 
+    # A USR1 (preemption, `scancel --signal=USR1`) can come while the servers are still starting:
+    # remembered here, acted on once the service runs, instead of the default action (exit)
+    early_preemption: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda signum, _: early_preemption.append(signum))
     model_dir = cfg.model.path or cfg.model.builtin_dir
     tokenizer = load_tokenizer(model_dir)
     prompts = load_prompts(cfg.data, model_dir, tokenizer.encode)
@@ -93,6 +97,9 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         # the trainer drives the checkpoint; this process only stays up long enough to serve it
         loop.add_signal_handler(sig, service.preempted.set)
+    if early_preemption:
+        logger.info("USR1 arrived during start-up: checkpointing as soon as the trainer asks")
+        service.preempted.set()
     checkpoint = latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
     restored = load_snapshot(checkpoint / "rollout") if checkpoint is not None else None
     try:

@@ -71,13 +71,15 @@ def server(cfg: dict, run_dir: Path, index: int) -> None:
 
 
 def controller(cfg: dict, run_dir: Path) -> None:
+    # the handler first, as the real controller does: under load the trainer can be steps ahead
+    # before the servers register, and a USR1 then must not kill the controller (default action)
+    signal.signal(signal.SIGUSR1, _on_usr1)
     _record(run_dir, "controller")
     want = cfg["rollout"]["num_servers"]
-    while len(list((run_dir / "servers").glob("*.json"))) < want:
-        time.sleep(0.1)
-    print(f"controller: {want} servers registered", flush=True)
-    signal.signal(signal.SIGUSR1, _on_usr1)
     try:
+        while len(list((run_dir / "servers").glob("*.json"))) < want:
+            time.sleep(0.1)
+        print(f"controller: {want} servers registered", flush=True)
         while not (run_dir / "fake" / "trainer_done").exists():
             time.sleep(0.1)
         print("controller: trainer done", flush=True)
