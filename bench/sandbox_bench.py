@@ -42,12 +42,12 @@ async def _rate(mode: NetworkIsolation, quick: bool) -> dict[str, float]:
 
 def _unprivileged(modes: list[str], quick: bool) -> dict[str, float]:
     sys.path.insert(0, str(REPO / "tests" / "integration" / "reward"))
-    from unprivileged import run_unprivileged
+    from unprivileged import SANDBOX_BENCH_UID, run_unprivileged
 
     argv = [sys.executable, "-m", "bench.sandbox_bench", "--child", ",".join(modes)] + (
         ["--quick"] if quick else []
     )
-    proc = run_unprivileged(argv, timeout_s=1200)
+    proc = run_unprivileged(argv, timeout_s=1200, uid=SANDBOX_BENCH_UID)
     if proc.returncode != 0:
         raise RuntimeError(f"unprivileged bench failed: {proc.stderr.decode(errors='replace')[-2000:]}")
     return json.loads(proc.stdout.decode().strip().splitlines()[-1])

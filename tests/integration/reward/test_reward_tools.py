@@ -10,7 +10,7 @@ import json
 import sys
 
 import pytest
-from unprivileged import run_unprivileged
+from unprivileged import SANDBOX_TOOLS_UID, run_unprivileged
 
 from areal_jobs.agent.tools import Toolbox
 
@@ -83,7 +83,7 @@ print(json.dumps(out))
 
 
 def test_the_python_tool_works_as_a_non_root_user() -> None:
-    proc = run_unprivileged([sys.executable, "-c", NON_ROOT])
+    proc = run_unprivileged([sys.executable, "-c", NON_ROOT], uid=SANDBOX_TOOLS_UID)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     out = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     assert out["uid"] != 0 and out["mode"] == "userns", out

@@ -16,13 +16,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from unprivileged import run_unprivileged
+from unprivileged import SANDBOX_CASES_UID, run_unprivileged
 
 CASES = str(Path(__file__).with_name("unprivileged_cases.py"))
 
 
 def run_case(*args: str, env: dict[str, str] | None = None) -> dict:
-    proc = run_unprivileged([sys.executable, CASES, *args], env=env)
+    proc = run_unprivileged([sys.executable, CASES, *args], env=env, uid=SANDBOX_CASES_UID)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     out = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     assert out["uid"] != 0

@@ -1,7 +1,7 @@
 """Run a command as a non-root user, for the tests (and the bench) that must prove the sandbox
 works without root, as on a SLURM cluster where the job runs as the submitting user.
 
-Not root already: the command runs as it is. Root: it runs as nobody (65534) with no capabilities,
+Not root already: the command runs as it is. Root: it runs as nobody (65534, or the uid asked for) with no capabilities,
 in a private mount namespace where the interpreter's installation is made reachable (here it
 lives under /root, which is 0700: a tmpfs is mounted over the blocking directory in that namespace
 only, with the installation bound back at its own path). Nothing changes for the rest of the host.
@@ -16,6 +16,12 @@ import sys
 from pathlib import Path
 
 NOBODY = 65534
+# RLIMIT_NPROC counts every process of a uid, and the weak sandbox mode's limit (16) is per uid:
+# callers that may run at the same time (two xdist workers: the unprivileged make-run as nobody
+# beside the sandbox cases) each take their own uid, or one's threads use up the other's forks.
+SANDBOX_CASES_UID = 64_991
+SANDBOX_TOOLS_UID = 64_992
+SANDBOX_BENCH_UID = 64_993
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -29,7 +35,7 @@ def _first_blocking_dir(path: str) -> str | None:
     return None
 
 
-def unprivileged_command(argv: list[str]) -> list[str]:
+def unprivileged_command(argv: list[str], uid: int = NOBODY) -> list[str]:
     """`argv` wrapped so that it runs as a non-root user (see the module docstring)."""
     if os.geteuid() != 0:
         return argv
@@ -43,14 +49,14 @@ def unprivileged_command(argv: list[str]) -> list[str]:
             f'mkdir -p {p}; mount --move "$keep" {p}; rmdir "$keep"\n'
         )
     script += (
-        f"exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups --inh-caps=-all "
+        f"exec setpriv --reuid={uid} --regid={uid} --clear-groups --inh-caps=-all "
         '--bounding-set=-all -- "$@"\n'
     )
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
 
 def run_unprivileged(
-    argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 300
+    argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 300, uid: int = NOBODY
 ) -> subprocess.CompletedProcess:
     """Run `argv` (a python command line, usually) as a non-root user from the repository root."""
     blocked = _first_blocking_dir(str(REPO)) if os.geteuid() == 0 else None
@@ -68,7 +74,7 @@ def run_unprivileged(
         "LANG": "C.UTF-8",
     }
     return subprocess.run(
-        unprivileged_command(argv),
+        unprivileged_command(argv, uid),
         env={**base, **(env or {})},
         cwd=REPO,
         capture_output=True,
