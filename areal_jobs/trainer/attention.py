@@ -55,11 +55,14 @@ def causal_attention_per_sequence(
         raise ValueError(
             f"sequence bounds {bounds[0]}..{bounds[-1]} do not cover the {query.shape[-2]} tokens"
         )
+    # 4-D [1, heads, l, d]: the fused (flash) kernels, on CPU as on CUDA, take only 4-D inputs;
+    # given 3-D ones SDPA falls back to its math path, which keeps the [heads, l, l] probabilities
+    q, k, v = query[None], key[None], value[None]
     outputs = [
         F.scaled_dot_product_attention(
-            query[:, start:end],
-            key[:, start:end],
-            value[:, start:end],
+            q[:, :, start:end],
+            k[:, :, start:end],
+            v[:, :, start:end],
             is_causal=True,
             dropout_p=dropout_p,
             scale=scale,
@@ -68,7 +71,7 @@ def causal_attention_per_sequence(
         for start, end in zip(bounds[:-1], bounds[1:], strict=True)
         if end > start
     ]
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2))[0]
 
 
 def bounds_of(cu_seqlens: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> list[int]:
