@@ -49,8 +49,9 @@ def causal_attention_per_sequence(
     scale: float | None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """query [heads, T, d], key/value [groups, T, d] (heads a multiple of groups: GQA) ->
-    [heads, T, d]: sequence i (tokens bounds[i]:bounds[i + 1]) attends causally to itself only."""
+    """query [heads, T, d], key/value [groups, T, d] (heads a multiple of groups: GQA) -> the
+    context [T, heads, d], contiguous (token-major, as both callers project it next): sequence i
+    (tokens bounds[i]:bounds[i + 1]) attends causally to itself only."""
     if bounds[0] != 0 or bounds[-1] != query.shape[-2]:
         raise ValueError(
             f"sequence bounds {bounds[0]}..{bounds[-1]} do not cover the {query.shape[-2]} tokens"
@@ -67,11 +68,11 @@ def causal_attention_per_sequence(
             dropout_p=dropout_p,
             scale=scale,
             enable_gqa=key.shape[0] != query.shape[0],
-        )
+        )[0].transpose(0, 1)  # [l, heads, d]
         for start, end in zip(bounds[:-1], bounds[1:], strict=True)
         if end > start
     ]
-    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2))[0]
+    return torch.cat(outputs)  # one copy, token-major
 
 
 def bounds_of(cu_seqlens: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> list[int]:
@@ -125,7 +126,7 @@ def hf_varlen_attention(
         )
     bounds = bounds_of(kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids"))
     out = causal_attention_per_sequence(query[0], key[0], value[0], bounds, scale=scaling, dropout_p=dropout)
-    return out.transpose(0, 1).unsqueeze(0), None
+    return out[None], None
 
 
 def hf_attn_implementation(attention: Attention) -> str:

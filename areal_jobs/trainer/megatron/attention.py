@@ -74,4 +74,4 @@ class PackedCoreAttention(DotProductAttention):
             scale=self.softmax_scale,
             dropout_p=dropout_p,
         )
-        return context.transpose(0, 1).reshape(query.shape[0], self.hidden_size_per_partition)
+        return context.view(query.shape[0], self.hidden_size_per_partition)  # [t, heads, d] -> [t, heads * d]

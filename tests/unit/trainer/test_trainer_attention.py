@@ -57,7 +57,8 @@ def test_per_sequence_attention_equals_the_block_diagonal_mask_forward_and_backw
     bounds = [0, 1, 38, 41, 161, 163]  # lengths 1, 37, 3, 120, 2
     inputs = [torch.randn(h, bounds[-1], 16, requires_grad=True) for h in (4, 2, 2)]
     weight = torch.randn(4, bounds[-1], 16)  # a random upstream gradient
-    got = causal_attention_per_sequence(*inputs, bounds, scale=0.3)
+    got = causal_attention_per_sequence(*inputs, bounds, scale=0.3).transpose(0, 1)  # [heads, T, d]
+    assert got.transpose(0, 1).is_contiguous()
     grads = torch.autograd.grad((got * weight).sum(), inputs)
     want = dense_reference(*inputs, bounds, 0.3)
     want_grads = torch.autograd.grad((want * weight).sum(), inputs)
