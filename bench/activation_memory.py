@@ -22,6 +22,7 @@ import json
 import multiprocessing as mp
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,8 @@ def _status_kib(field: str) -> int:
 
 
 def _point(backend: str, model_dir: str, num_tokens: int, recompute: str, attention: str, conn) -> None:
-    """Child process: one backend, one step; sends (MiB above the pre-step RSS, parameter MiB)."""
+    """Child process: one backend, one step; sends (MiB above the pre-step RSS, parameter MiB,
+    step seconds: the first step, so one-off costs are in it; a rough figure on a shared machine)."""
     import gc
 
     import torch
@@ -103,8 +105,10 @@ def _point(backend: str, model_dir: str, num_tokens: int, recompute: str, attent
     gc.collect()
     before_kib = _status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS (VmHWM) := current RSS
+    start = time.perf_counter()
     trainer.train_step(batch)
-    conn.send(((_status_kib("VmHWM") - before_kib) / 1024, params / 2**20))
+    step_s = time.perf_counter() - start
+    conn.send(((_status_kib("VmHWM") - before_kib) / 1024, params / 2**20, step_s))
 
 
 def measure(backend: str, model_dir: str, num_tokens: int, recompute: str, attention: str = "varlen"):
@@ -138,11 +142,14 @@ def run(quick: bool = False) -> dict[str, float]:
             for recompute, attention in modes:
                 for num_tokens in lengths:
                     for layers, model in models.items():
-                        mib, params_mib = measure(backend, model, num_tokens, recompute, attention)
+                        mib, params_mib, step_s = measure(backend, model, num_tokens, recompute, attention)
                         key = f"{backend}/{recompute}/{attention}/T{num_tokens}/L{layers}"
                         out[f"activation_memory/{key}_peak_mib"] = mib
+                        out[f"activation_memory/{key}_step_s"] = step_s
                         out[f"activation_memory/params_L{layers}_mib"] = params_mib
-                        print(f"{key}: {mib:8.1f} MiB above the pre-step RSS", flush=True)
+                        print(
+                            f"{key}: {mib:8.1f} MiB above the pre-step RSS, step {step_s:.2f} s", flush=True
+                        )
                     per_layer = (
                         out[f"activation_memory/{backend}/{recompute}/{attention}/T{num_tokens}/L4_peak_mib"]
                         - out[
