@@ -3,7 +3,8 @@
     python -m bench.activation_memory            # ~6 min on 2 cores, one fresh process per point
     python -m bench.activation_memory --quick    # 1,024 tokens only
 
-Each point is one spawned process: set a backend up (torch or Megatron TP=1, fp32, one thread),
+Each point is one spawned process: large allocations made mmaps of their own (mallopt), so the
+RSS follows the live tensors; set a backend up (torch or Megatron TP=1, fp32, one thread),
 then reset the kernel's peak-RSS mark (/proc/self/clear_refs, 5) and run one `train_step` on one
 packed micro-batch of T tokens (4 sequences of T/4, prompt T/16 each). Reported: the peak RSS
 above the RSS just before the step (MiB), which holds the step's activations, the logits and
@@ -80,8 +81,15 @@ def _status_kib(field: str) -> int:
 def _point(backend: str, model_dir: str, num_tokens: int, recompute: str, attention: str, conn) -> None:
     """Child process: one backend, one step; sends (MiB above the pre-step RSS, parameter MiB,
     step seconds: the first step, so one-off costs are in it; a rough figure on a shared machine)."""
+    import ctypes
     import gc
 
+    # every allocation over 64 KiB is its own mmap, returned to the kernel when freed: glibc's
+    # default (a threshold that grows to 32 MiB, freed memory kept in the heap) leaves the pages of
+    # tensors already freed in the RSS, so the peak would count allocator reuse patterns
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD (also turns off its dynamic growth)
+    libc.mallopt(-1, 64 * 1024)  # M_TRIM_THRESHOLD
     import torch
 
     from areal_jobs.config import AlgoConfig, Attention, DType, Recompute, TrainerBackend, TrainerConfig

@@ -19,9 +19,12 @@ from harness import FAMILIES, hf_logits, make_tiny_hf, run_ranks, start_backend,
 pytestmark = pytest.mark.megatron
 
 LENGTHS = [(1, 6), (5, 1), (40, 160), (2, 3), (9, 30)]  # (prompt, answer) tokens
-# fp32 log-probs of order 5-6 (float32 spacing 4.8e-7); see tests/unit/trainer/test_trainer_attention.py
-LOGP_TOL = 4e-6
-LOGP_MEAN_TOL = 1e-6
+# fp32 log-probs of order 5-6 (float32 spacing 4.8e-7). varlen rotates each token by its position
+# in its sequence and runs the flash kernel per sequence, as transformers does on the sequence
+# alone: measured identical (0.0). dense rotates each token by its position in the row (the same
+# relative angles, other rounding): 1.4e-6 from transformers, so 1.4e-6 from varlen too.
+VS_TRANSFORMERS_TOL = 1e-6
+VS_DENSE_TOL = 2e-6
 
 
 def batch():
@@ -113,8 +116,8 @@ def test_varlen_logprobs_equal_dense_and_transformers(results, family):
         f"|dense - transformers alone| max {np.abs(dense - alone).max():.1e}"
     )
     assert varlen.shape == (sum(n for _, n in LENGTHS),)
-    assert diff.max() < LOGP_TOL and diff.mean() < LOGP_MEAN_TOL
-    assert np.abs(varlen - alone).max() < LOGP_TOL
+    assert np.abs(varlen - alone).max() < VS_TRANSFORMERS_TOL
+    assert diff.max() < VS_DENSE_TOL
 
 
 def test_varlen_train_step_allocates_no_t_by_t_tensor(results):
