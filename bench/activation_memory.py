@@ -9,8 +9,9 @@ then reset the kernel's peak-RSS mark (/proc/self/clear_refs, 5) and run one `tr
 packed micro-batch of T tokens (4 sequences of T/4, prompt T/16 each). Reported: the peak RSS
 above the RSS just before the step (MiB), which holds the step's activations, the logits and
 log-prob temporaries, the gradients and the AdamW state (3 x parameter bytes, printed alongside).
-Two depths (2 and 4 layers) separate what each decoder layer keeps per token from the rest
-(embedding, logits, loss): per layer = (peak(4) - peak(2)) / 2.
+Two depths (2 and 4 layers) and two lengths separate what each decoder layer keeps per token
+from the rest (embedding, logits, loss) and from what does not grow with tokens (gradients,
+AdamW state): per layer = the double difference over depth and length.
 
 The model is Qwen2-shaped and small, with a small vocabulary so the logits do not hide the
 layers (the log-prob chunking is another piece of work): hidden 256, FFN 768, 8 heads, 2 KV
@@ -142,31 +143,36 @@ POINTS = {  # backend -> (recompute, attention) modes measured
 
 
 def run(quick: bool = False) -> dict[str, float]:
+    """Peak MiB per point; with both lengths, per mode: KB per token per decoder layer (the
+    double difference over depth and length, so constants such as the gradients and the AdamW
+    state, which grow with depth but not with tokens, drop out) and KB per token of the rest
+    (embedding, logits, loss; under full recompute also the one layer being recomputed)."""
     lengths = [1024] if quick else [1024, 4096]
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="activation_memory_") as tmp:
         models = {n: str(build_model(Path(tmp) / f"l{n}", n)) for n in (2, 4)}
         for backend, modes in POINTS.items():
             for recompute, attention in modes:
+                mode = f"activation_memory/{backend}/{recompute}/{attention}"
                 for num_tokens in lengths:
                     for layers, model in models.items():
                         mib, params_mib, step_s = measure(backend, model, num_tokens, recompute, attention)
-                        key = f"{backend}/{recompute}/{attention}/T{num_tokens}/L{layers}"
-                        out[f"activation_memory/{key}_peak_mib"] = mib
-                        out[f"activation_memory/{key}_step_s"] = step_s
+                        out[f"{mode}/T{num_tokens}/L{layers}_peak_mib"] = mib
+                        out[f"{mode}/T{num_tokens}/L{layers}_step_s"] = step_s
                         out[f"activation_memory/params_L{layers}_mib"] = params_mib
-                        print(
-                            f"{key}: {mib:8.1f} MiB above the pre-step RSS, step {step_s:.2f} s", flush=True
-                        )
-                    per_layer = (
-                        out[f"activation_memory/{backend}/{recompute}/{attention}/T{num_tokens}/L4_peak_mib"]
-                        - out[
-                            f"activation_memory/{backend}/{recompute}/{attention}/T{num_tokens}/L2_peak_mib"
-                        ]
-                    ) / 2
-                    out[
-                        f"activation_memory/{backend}/{recompute}/{attention}/T{num_tokens}/per_layer_bytes_per_token"
-                    ] = per_layer * 2**20 / num_tokens
+                        print(f"{mode}/T{num_tokens}/L{layers}: {mib:8.1f} MiB above the pre-step RSS, "
+                              f"step {step_s:.2f} s", flush=True)  # fmt: skip
+                if len(lengths) == 2:
+                    t1, t2 = lengths
+                    peak = {(t, n): out[f"{mode}/T{t}/L{n}_peak_mib"] for t in lengths for n in models}
+                    kib_per_token = 1024 / (t2 - t1)  # MiB per token -> KiB per token
+                    per_layer = (peak[t2, 4] - peak[t2, 2] - peak[t1, 4] + peak[t1, 2]) / 2 * kib_per_token
+                    out[f"{mode}/per_layer_kib_per_token"] = per_layer
+                    out[f"{mode}/rest_kib_per_token"] = (
+                        peak[t2, 2] - peak[t1, 2]
+                    ) * kib_per_token - 2 * per_layer
+                    print(f"{mode}: {per_layer:.2f} KiB per token per layer, rest "
+                          f"{out[f'{mode}/rest_kib_per_token']:.2f} KiB per token", flush=True)  # fmt: skip
     return out
 
 
