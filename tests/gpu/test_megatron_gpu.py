@@ -1,7 +1,8 @@
 """trainer=megatron on CUDA (issue 3, point 6): `make test-gpu` (pytest -m gpu tests/gpu).
 
 On a GPU the backend uses NCCL, and TransformerEngine's layer spec with THD packed sequences
-when TE is installed (the local spec and a block-diagonal mask otherwise). Checks:
+when TE is installed (otherwise the local spec with our per-sequence core attention over the same
+THD PackedSeqParams, trainer.attention=varlen). Checks:
   - fp32 logits of tiny Llama/Qwen2/Qwen3 match transformers on the GPU, export is bit-exact;
   - one step matches the torch backend on the same batch (loss, grad norm);
   - TP=2 matches TP=1 (needs 2 GPUs);

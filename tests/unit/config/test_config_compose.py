@@ -89,6 +89,22 @@ def test_fsdp_trainer_group_and_its_errors():
         job("cluster.placement=halves")
 
 
+def test_recompute_and_attention_per_trainer_group():
+    """trainer.recompute and trainer.attention in every trainer group; selective is Megatron's."""
+    for group in ("torch", "fsdp", "megatron"):
+        cfg = job(f"trainer={group}", "trainer.recompute=full", "trainer.attention=dense")
+        assert (cfg.trainer.recompute.value, cfg.trainer.attention.value) == ("full", "dense")
+        assert job(f"trainer={group}").trainer.attention.value == "varlen"
+    assert job("trainer=megatron", "trainer.recompute=selective").trainer.recompute.value == "selective"
+    for group in ("torch", "fsdp"):
+        with pytest.raises(
+            ValueError, match=r"trainer\.recompute=selective .*trainer=megatron.*trainer\.recompute=full"
+        ):
+            job(f"trainer={group}", "trainer.recompute=selective")
+    with pytest.raises(Exception, match="fsdp_activation_checkpointing"):  # folded into trainer.recompute
+        job("trainer=fsdp", "trainer.fsdp_activation_checkpointing=true")
+
+
 def test_backend_refuses_knobs_it_does_not_implement():
     """issue 18: a knob a backend does not implement is refused naming the override and who has it."""
     from areal_jobs.config import AlgoConfig, JobConfig, TrainerBackend, TrainerConfig
