@@ -6,8 +6,10 @@ of width 64 with 2 layers and the real vocabulary (151,936, tied embeddings, ran
 4 packed sequences, at 1k/2k/4k/8k tokens (quick: 1k/2k), with `trainer.logprob_chunk_tokens`
 0 (the full-vocabulary path, as before) and 1024 (the default). Also the LM head alone (hidden
 states in, log-probs and entropy out, backward into the hidden states and the weight), which is
-what chunking changes; the rest of the whole-path figure is the model's own activations and its
-dense [T, T] attention mask (issue 25 item 2, elsewhere).
+what chunking changes, chunked up to 32k tokens; the rest of the whole-path figure is the model's
+own activations and attention (issue 25 item 2, elsewhere). The full-vocabulary path stops at 4k
+tokens: at 8k it needs ~20 GB (four [T, V] float32 tensors at once) and is killed on a 24 GiB
+machine.
 
 Each point runs in a fresh spawned process (one torch thread): the peak is the process's peak
 resident set (VmHWM, reset through /proc/self/clear_refs just before the measured call) minus
@@ -70,6 +72,13 @@ def _samples(num_tokens: int):
 
 
 def _measure(what: str, num_tokens: int, chunk: int, conn) -> None:
+    try:
+        conn.send(_measure_here(what, num_tokens, chunk))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        conn.send({"error": repr(e)})
+
+
+def _measure_here(what: str, num_tokens: int, chunk: int) -> dict[str, float]:
     """Child process: build, warm up on 256 tokens, then one measured forward+backward."""
     import torch
 
@@ -104,7 +113,7 @@ def _measure(what: str, num_tokens: int, chunk: int, conn) -> None:
     step(num_tokens)
     elapsed = time.perf_counter() - t0
     peak = _status_kib("VmHWM")
-    conn.send({"peak_bytes": (peak - before) * 1024, "seconds": elapsed})
+    return {"peak_bytes": (peak - before) * 1024, "seconds": elapsed}
 
 
 def measure_point(what: str, num_tokens: int, chunk: int) -> dict[str, float]:
@@ -112,10 +121,18 @@ def measure_point(what: str, num_tokens: int, chunk: int) -> dict[str, float]:
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_measure, args=(what, num_tokens, chunk, child))
     proc.start()
+    name = f"{what} at {num_tokens} tokens, chunk {chunk}"
+    deadline = time.monotonic() + TIMEOUT_S
     try:
-        if not parent.poll(TIMEOUT_S):
-            raise TimeoutError(f"{what} at {num_tokens} tokens, chunk {chunk}: no result in {TIMEOUT_S} s")
-        return parent.recv()
+        while not parent.poll(5.0):
+            if proc.exitcode is not None:  # killed (out of memory) without a word
+                raise RuntimeError(f"{name}: the process died (exit code {proc.exitcode})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: no result in {TIMEOUT_S} s")
+        result = parent.recv()
+        if "error" in result:
+            raise RuntimeError(f"{name}: {result['error']}")
+        return result
     finally:
         proc.join(timeout=30)
         if proc.is_alive():
@@ -131,13 +148,20 @@ def _slope(points: list[tuple[int, float]]) -> float:
 
 
 def run(quick: bool = False) -> dict[str, float]:
-    sizes = [1024, 2048] if quick else [1024, 2048, 4096, 8192]
+    sizes = {  # (what, chunked) -> token counts
+        ("head", False): [1024, 2048, 4096],
+        ("head", True): [1024, 2048, 4096, 8192, 16384, 32768],
+        ("whole", False): [1024, 2048, 4096],
+        ("whole", True): [1024, 2048, 4096, 8192],
+    }
     out: dict[str, float] = {}
     for what in ("head", "whole"):
         for label, chunk in (("before", 0), ("after", CHUNK)):
             points = []
-            for tokens in sizes:
+            for tokens in [1024, 2048] if quick else sizes[what, chunk > 0]:
                 r = measure_point(what, tokens, chunk)
+                print(f"{what} {label} {tokens}: {r['peak_bytes'] / 2**30:.3f} GiB, {r['seconds']:.1f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
                 points.append((tokens, r["peak_bytes"]))
                 key = f"logprob_memory/{what}_{label}_{tokens}"
                 out[f"{key}_peak_gib"] = r["peak_bytes"] / 2**30

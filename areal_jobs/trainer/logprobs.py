@@ -181,9 +181,9 @@ class _ChunkedHead(torch.autograd.Function):
                 dz = p.mul_(gl).neg_()
             del p, s
             t = local_t[lo:hi]
-            inside = (t >= 0) & (t < valid)
-            rows = torch.arange(hi - lo, device=dz.device)[inside]
-            dz.index_put_((rows, t[inside]), gl[inside, 0], accumulate=True)
+            inside = (t >= 0) & (t < valid)  # the target's column is on this shard
+            # + g_logp at the target (a masked scatter: no host sync for a boolean index on GPU)
+            dz.scatter_add_(1, t.clamp(0, valid - 1)[:, None], gl.where(inside[:, None], 0.0))
             if temperature != 1.0:
                 dz.div_(temperature)
             dz = dz.to(weight.dtype)
