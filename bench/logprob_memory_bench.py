@@ -4,12 +4,12 @@ One forward+backward of the torch backend's `token_logprobs` (the path every HF 
 through: packed forward, LM head, log-probs and entropy, backward into every weight) on a Qwen2
 of width 64 with 2 layers and the real vocabulary (151,936, tied embeddings, random weights),
 4 packed sequences, at 1k/2k/4k/8k tokens (quick: 1k/2k), with `trainer.logprob_chunk_tokens`
-0 (the full-vocabulary path, as before) and 1024 (the default). Also the LM head alone (hidden
-states in, log-probs and entropy out, backward into the hidden states and the weight), which is
-what chunking changes, chunked up to 32k tokens; the rest of the whole-path figure is the model's
-own activations and attention (issue 25 item 2, elsewhere). The full-vocabulary path stops at 4k
-tokens: at 8k it needs ~20 GB (four [T, V] float32 tensors at once) and is killed on a 24 GiB
-machine.
+0 (the full-vocabulary path, as before) and 1024 (the default). Also the LM head alone
+(`torch_backend.packed_head_logprobs` on random hidden states: log-probs and entropy, backward
+into the hidden states and the weight), which is what chunking changes, chunked up to 32k tokens;
+the rest of the whole-path figure is the model's own activations and attention (issue 25 item 2,
+elsewhere). A point that dies (out of memory: the full-vocabulary path at 8k tokens needs over
+12 GB) is reported as missing and ends its series.
 
 Each point runs in a fresh spawned process (one torch thread): the peak is the process's peak
 resident set (VmHWM, reset through /proc/self/clear_refs just before the measured call) minus
@@ -80,27 +80,30 @@ def _measure(what: str, num_tokens: int, chunk: int, conn) -> None:
 
 def _measure_here(what: str, num_tokens: int, chunk: int) -> dict[str, float]:
     """Child process: build, warm up on 256 tokens, then one measured forward+backward."""
+    import numpy as np
     import torch
 
-    from areal_jobs.trainer.logprobs import head_logprobs
-    from areal_jobs.trainer.torch_backend import token_logprobs
+    from areal_jobs.trainer.torch_backend import packed_head_logprobs, token_logprobs
 
     torch.set_num_threads(1)
     model = _model()
     if what == "whole":
 
         def step(tokens: int) -> None:
-            samples = _samples(tokens)
-            logp, entropy = token_logprobs(model, samples, with_entropy=True, chunk_tokens=chunk)
+            logp, entropy = token_logprobs(model, _samples(tokens), with_entropy=True, chunk_tokens=chunk)
             (torch.cat(logp).sum() + torch.cat(entropy).sum()).backward()
-    else:
+    else:  # the same LM-head half of token_logprobs on random hidden states: no model forward
         weight = model.get_output_embeddings().weight
 
         def step(tokens: int) -> None:
+            samples = _samples(tokens)
             hidden = torch.randn(tokens, WIDTH, requires_grad=True)
-            targets = torch.randint(0, VOCAB, (tokens,))
-            logp, entropy = head_logprobs(hidden, weight, targets, chunk_tokens=chunk)
-            logp.sum().backward()
+            ids = torch.from_numpy(np.concatenate([s.input_ids for s in samples]))
+            starts = [i * (tokens // 4) for i in range(4)]
+            logp, entropy = packed_head_logprobs(
+                hidden, weight, ids, samples, starts, temperature=1.0, chunk_tokens=chunk
+            )
+            (torch.cat(logp).sum() + torch.cat(entropy).sum()).backward()
 
     step(256)  # lazy initialisation and allocator warm-up stay out of the measurement
     model.zero_grad(set_to_none=False)  # the gradient buffers exist before, as in training
@@ -149,9 +152,9 @@ def _slope(points: list[tuple[int, float]]) -> float:
 
 def run(quick: bool = False) -> dict[str, float]:
     sizes = {  # (what, chunked) -> token counts
-        ("head", False): [1024, 2048, 4096],
+        ("head", False): [1024, 2048, 4096, 8192],
         ("head", True): [1024, 2048, 4096, 8192, 16384, 32768],
-        ("whole", False): [1024, 2048, 4096],
+        ("whole", False): [1024, 2048, 4096, 8192],
         ("whole", True): [1024, 2048, 4096, 8192],
     }
     out: dict[str, float] = {}
@@ -159,7 +162,11 @@ def run(quick: bool = False) -> dict[str, float]:
         for label, chunk in (("before", 0), ("after", CHUNK)):
             points = []
             for tokens in [1024, 2048] if quick else sizes[what, chunk > 0]:
-                r = measure_point(what, tokens, chunk)
+                try:
+                    r = measure_point(what, tokens, chunk)
+                except RuntimeError as e:
+                    print(f"{what} {label} {tokens}: {e}", file=sys.stderr, flush=True)
+                    break
                 print(f"{what} {label} {tokens}: {r['peak_bytes'] / 2**30:.3f} GiB, {r['seconds']:.1f} s",
                       file=sys.stderr, flush=True)  # fmt: skip
                 points.append((tokens, r["peak_bytes"]))
@@ -167,7 +174,8 @@ def run(quick: bool = False) -> dict[str, float]:
                 out[f"{key}_peak_gib"] = r["peak_bytes"] / 2**30
                 out[f"{key}_bytes_per_token"] = r["peak_bytes"] / tokens
                 out[f"{key}_s"] = r["seconds"]
-            out[f"logprob_memory/{what}_{label}_slope_bytes_per_token"] = _slope(points)
+            if len(points) > 1:
+                out[f"logprob_memory/{what}_{label}_slope_bytes_per_token"] = _slope(points)
     return out
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
@@ -58,34 +59,71 @@ def token_logprobs(
 
     Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled), on `device`
     (the FSDP backend's GPU; None = CPU); with `with_entropy` also the policy's entropy at each of
-    those positions (detached unless `entropy_grad`). The LM head runs `chunk_tokens` positions at
-    a time (trainer/logprobs.py; 0 = all at once), only over the output positions.
+    those positions (detached unless `entropy_grad`). The LM head runs `chunk_tokens` output
+    positions at a time (trainer/logprobs.py); 0 = the path before chunking (`_full_vocab`).
     """
     packed = pack([s.input_ids for s in samples])
     input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
     position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0).to(device)
+    hidden, weight = final_hidden_states(model, input_ids, position_ids)
+    logp, entropy = packed_head_logprobs(
+        hidden, weight, input_ids[0], samples, packed.cu_seqlens[:-1].tolist(),
+        temperature=temperature, chunk_tokens=chunk_tokens, entropy_grad=entropy_grad,
+    )  # fmt: skip
+    return (logp, entropy) if with_entropy else logp
+
+
+def packed_head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    samples: list[TrainSample],
+    starts: list[int],
+    *,
+    temperature: float,
+    chunk_tokens: int,
+    entropy_grad: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The LM-head half of token_logprobs: hidden states [T, H] of a packed row `ids` [T] (sample
+    i starting at starts[i]) -> per sample (log-probs [n_i], entropies [n_i]) of its outputs."""
+    if chunk_tokens == 0:
+        return _full_vocab(hidden, weight, ids, samples, starts, temperature, entropy_grad)
     # hidden state at position t predicts token t + 1: a sample's outputs start at its prompt length
     rows = torch.from_numpy(
         np.concatenate(
             [np.zeros(0, np.int64)]
             + [
-                np.arange(start + s.num_prompt_tokens - 1, start + len(s.input_ids) - 1)
-                for s, start in zip(samples, packed.cu_seqlens[:-1].tolist())
+                np.arange(a + s.num_prompt_tokens - 1, a + len(s.input_ids) - 1)
+                for s, a in zip(samples, starts)
             ]
         )
-    ).to(device)
-    hidden, weight = final_hidden_states(model, input_ids, position_ids)
+    ).to(ids.device)
     logp, entropy = head_logprobs(
         hidden.index_select(0, rows),
         weight,
-        input_ids[0].index_select(0, rows + 1),
+        ids.index_select(0, rows + 1),
         temperature=temperature,
         chunk_tokens=chunk_tokens,
         entropy_grad=entropy_grad,
     )
     sizes = [s.num_output_tokens for s in samples]
-    out = list(logp.split(sizes))
-    return (out, list(entropy.split(sizes))) if with_entropy else out
+    return list(logp.split(sizes)), list(entropy.split(sizes))
+
+
+def _full_vocab(hidden, weight, ids, samples, starts, temperature, entropy_grad):
+    """trainer.logprob_chunk_tokens=0: the algorithm before chunking, kept to measure against
+    (its memory included): float32 logits of every position [T, V], a log-softmax per sample."""
+    logits = F.linear(hidden, weight).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    out, entropies = [], []
+    for s, start in zip(samples, starts):
+        first, last = start + s.num_prompt_tokens - 1, start + len(s.input_ids) - 1
+        logp = torch.log_softmax(logits[first:last], dim=-1)
+        out.append(logp.gather(-1, ids[first + 1 : last + 1, None]).squeeze(-1))
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropies.append(-(logp.exp() * logp).sum(-1))
+    return out, entropies
 
 
 # config attributes of HF models whose forward changes the logits after the LM head

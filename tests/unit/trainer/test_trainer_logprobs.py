@@ -175,14 +175,16 @@ def test_no_tokens_by_vocab_tensor_in_forward_and_backward(chunk):
         assert numel >= num_scored * vocab, shape
 
 
-def test_token_logprobs_match_the_models_own_logits():
-    """The packed, chunked, tempered path equals log_softmax(model(...).logits / t) per sample."""
+@pytest.mark.parametrize("chunk", [5, 0])
+def test_token_logprobs_match_the_models_own_logits(chunk):
+    """The packed, chunked (and the unchunked), tempered path equals log_softmax(model(...).logits / t)
+    per sample."""
     vocab = 300
     model = tiny_qwen2(vocab).eval()
     samples = samples_of([12, 30, 7], vocab, prompt=3)
     with torch.no_grad():
         for t in (1.0, 0.7):
-            got, ent = token_logprobs(model, samples, with_entropy=True, temperature=t, chunk_tokens=5)
+            got, ent = token_logprobs(model, samples, with_entropy=True, temperature=t, chunk_tokens=chunk)
             for s, lp, e in zip(samples, got, ent, strict=True):
                 ids = torch.as_tensor(s.input_ids)[None]
                 logp = torch.log_softmax(model(ids).logits[0, s.num_prompt_tokens - 1 : -1] / t, -1)
