@@ -46,7 +46,11 @@ CASES: dict[str, dict] = {
     "overlong": dict(overlong_buffer=8, overlong_penalty=0.5),
     "mask_truncated": dict(mask_truncated=True),
     "filter_uniform": dict(filter_uniform_groups=True),
+    "temperature_0p7": {},  # the sampling temperature (TEMPERATURE): every backend's softmax(z / 0.7)
 }
+# rollout.temperature per case (1.0 where absent): the trainer's log-probs are of the tempered
+# policy, so it changes the loss without being an AlgoConfig field
+TEMPERATURE = {"temperature_0p7": 0.7}
 # kl_estimator acts only with kl_coef; prox_logp=loglinear: torch only (LIMITED_VALUES)
 REFUSED = {"ppo_minibatches": 2, "kl_coef": 0.1, "kl_estimator": None, "prox_logp": "loglinear"}
 NOT_OBJECTIVE = {"max_staleness", "batch_size", "group_size", "max_discarded_groups"}
@@ -192,7 +196,9 @@ def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cas
     cfg = trainer_config(tp, 1, dp)
     init_distributed(cfg, timeout_s=120.0)
     return _each_case(
-        lambda case: MegatronBackend(trainer_for(case, cfg), algo_for(case), model_dir, DType.float32),
+        lambda case: MegatronBackend(
+            trainer_for(case, cfg), algo_for(case), model_dir, DType.float32, temperature=TEMPERATURE.get(case, 1.0)
+        ),
         lambda backend: backend._gpt,
         rank,
         [c for c in cases if runs_on(c, "megatron")],
@@ -206,7 +212,9 @@ def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dic
     cfg = replace(trainer_config(), backend=TrainerBackend.torch)
     out = {}
     for case in [c for c in cases if runs_on(c, "torch")]:
-        backend = TorchBackend(trainer_for(case, cfg), algo_for(case), model_dir, DType.float32)
+        backend = TorchBackend(
+            trainer_for(case, cfg), algo_for(case), model_dir, DType.float32, temperature=TEMPERATURE.get(case, 1.0)
+        )
         backend.setup()
         if not out:
             out["before"] = {k: v.detach().numpy().copy() for k, v in backend.iter_weights()}
@@ -223,7 +231,9 @@ def fsdp_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict
     cfg = replace(trainer_config(), backend=TrainerBackend.fsdp, dp_size=world)
     init_distributed(cfg, timeout_s=120.0)
     return _each_case(
-        lambda case: FSDPBackend(trainer_for(case, cfg), algo_for(case), model_dir, DType.float32),
+        lambda case: FSDPBackend(
+            trainer_for(case, cfg), algo_for(case), model_dir, DType.float32, temperature=TEMPERATURE.get(case, 1.0)
+        ),
         lambda backend: backend.model,
         rank,
         [c for c in cases if runs_on(c, "fsdp")],

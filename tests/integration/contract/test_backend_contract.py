@@ -13,6 +13,8 @@ spawned process per rank, reused across cases). Compared against torch, per case
                         gradient, so on near-zero gradients (TP x DP summation order) rounding
                         shows as up to ~1.4e-4 here; the relative norm is the real measure
   ppo/*, mismatch/*     |d| < 1e-5          (fractions: every token decides the same way)
+The case temperature_0p7 sets rollout.temperature (contract_cases.TEMPERATURE): every backend's
+log-probs are of softmax(logits / 0.7), the policy that sampled.
 Knobs a backend does not implement are refused by the config, naming the override
 (config/support.py: Megatron ppo_minibatches > 1 and kl_coef; FSDP kl_coef).
 
