@@ -23,8 +23,10 @@ from areal_jobs.config.job import (
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
 from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
 from areal_jobs.config.trainer import (
+    Attention,
     CheckpointConfig,
     DistBackend,
+    Recompute,
     TrainerBackend,
     TrainerConfig,
     WeightSync,
@@ -34,6 +36,7 @@ from areal_jobs.config.trainer import (
 __all__ = [
     "Advantage",
     "AlgoConfig",
+    "Attention",
     "CheckpointConfig",
     "ClusterConfig",
     "ClusterKind",
@@ -47,6 +50,7 @@ __all__ = [
     "ModelConfig",
     "NetworkIsolation",
     "PauseMode",
+    "Recompute",
     "RewardConfig",
     "RolloutConfig",
     "RolloutEngine",

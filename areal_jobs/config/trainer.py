@@ -12,6 +12,27 @@ class TrainerBackend(enum.Enum):
     fsdp = "fsdp"  # Hugging Face model sharded with torch FSDP2 (fully_shard), DP ranks only
 
 
+class Attention(enum.Enum):
+    """How a packed micro-batch (several sequences in one row) is attended to."""
+
+    # each sequence attends causally to itself only, computed sequence by sequence from the
+    # packing boundaries (cu_seqlens): cost proportional to the sum of squared lengths, no [T, T]
+    # mask. TransformerEngine's THD attention when it is installed (Megatron on GPU).
+    varlen = "varlen"
+    # one block-diagonal causal [T, T] mask over the whole row (the former path, kept so a
+    # benchmark or a test can put both side by side): cost and memory T squared
+    dense = "dense"
+
+
+class Recompute(enum.Enum):
+    """Activation recomputation in the backward pass: less memory for more compute."""
+
+    none = "none"  # keep every activation
+    # Megatron only: recompute the core attention (Megatron's selective granularity)
+    selective = "selective"
+    full = "full"  # keep only each decoder layer's input, recompute the layer in backward
+
+
 class WeightSync(enum.Enum):
     distributed = "distributed"  # torch.distributed broadcast (NCCL on GPU, gloo on CPU)
     disk = "disk"  # safetensors checkpoint + /update_weights_from_disk
@@ -44,7 +65,8 @@ class TrainerConfig:
     batch_wait_timeout_s: float = 1800.0  # no trajectories for this long = rollout side is dead
     # fsdp only: compute in bfloat16 with float32 parameters and gradient reduction (model.dtype=float32)
     fsdp_mixed_precision: bool = False
-    fsdp_activation_checkpointing: bool = False  # fsdp only: recompute each decoder layer in backward
+    attention: Attention = Attention.varlen
+    recompute: Recompute = Recompute.none
 
     def __post_init__(self) -> None:
         if self.backend is TrainerBackend.torch and self.tp_size * self.pp_size * self.dp_size != 1:
@@ -53,6 +75,12 @@ class TrainerConfig:
             raise ValueError(
                 "trainer.backend=fsdp shards over data-parallel ranks only: set trainer.tp_size=1 and "
                 "trainer.pp_size=1 (or use trainer=megatron)"
+            )
+        if self.recompute is Recompute.selective and self.backend is not TrainerBackend.megatron:
+            raise ValueError(
+                f"trainer.recompute=selective recomputes Megatron's core attention and is implemented by "
+                f"trainer=megatron only; on trainer.backend={self.backend.value} set trainer.recompute=full "
+                "(recompute each decoder layer) or trainer.recompute=none"
             )
         if self.total_steps < 1:
             raise ValueError("trainer.total_steps must be >= 1")

@@ -11,7 +11,11 @@ tokens, then clip and one AdamW step. Later minibatches see a policy that alread
 clip on r = exp(θ - p) keeps it near the proximal policy.
 
 Packing: a micro-batch is one row [1, T] of concatenated sequences whose position ids restart
-at 0; transformers then builds a block-diagonal causal mask, so sequences never see each other.
+at 0. trainer.attention=varlen (the default) attends within each sequence from the packing
+boundaries (trainer/attention.py, no [T, T] mask); dense lets transformers build the
+block-diagonal causal mask. Either way sequences never see each other.
+trainer.recompute=full recomputes each decoder layer in backward (transformers' gradient
+checkpointing); selective is Megatron's and refused by the config here.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import numpy as np
 import torch
 
 from areal_jobs.api import TensorSpec
-from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config import AlgoConfig, DType, Recompute, TrainerConfig
 from areal_jobs.config.algo import ProxLogp
 from areal_jobs.data.packing import balanced_microbatches, pack
+from areal_jobs.trainer.attention import hf_attn_implementation, packed_forward_kwargs
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, token_weights
 
@@ -58,8 +63,9 @@ def token_logprobs(
     packed = pack([s.input_ids for s in samples])
     input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
     position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0).to(device)
+    boundaries = packed_forward_kwargs(model, packed.cu_seqlens)  # varlen attention's sequences
     logits = (
-        model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0].float()
+        model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **boundaries).logits[0].float()
     )  # [T, V]
     out, entropies = [], []
     for s, start in zip(samples, packed.cu_seqlens[:-1].tolist()):
@@ -81,6 +87,12 @@ def loss_inputs(samples: list[TrainSample], agg_weights: list[np.ndarray]) -> di
         "token_weight": torch.cat([torch.as_tensor(a, dtype=torch.float32) for a in agg_weights]),
         "seq_index": torch.cat([torch.full((s.num_output_tokens,), i) for i, s in enumerate(samples)]),
     }
+
+
+def enable_layer_recompute(model: torch.nn.Module) -> None:
+    """trainer.recompute=full on a transformers model: each decoder layer keeps only its input
+    and runs again in backward (non-reentrant checkpointing: no input needs requires_grad)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def prox_from_gradient_pass(algo: AlgoConfig, minibatches: list[list[int]]) -> set[int]:
@@ -115,13 +127,16 @@ class TorchBackend:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(self.cfg.seed)
+        attention = hf_attn_implementation(self.cfg.attention)
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
+            self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation=attention
         )
+        if self.cfg.recompute is Recompute.full:
+            enable_layer_recompute(self.model)
         self.model.train()
         if self.algo.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(
-                self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
+                self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation=attention
             ).eval()
             self.reference.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(

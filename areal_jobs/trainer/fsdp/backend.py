@@ -14,7 +14,8 @@ One `train_step`, on every rank at once:
      tokens, clipping at `trainer.grad_clip` and one AdamW step. FSDP averages gradients over
      ranks; the loss is already a global token-mean, so each rank scales it by the world size
      (exact for powers of two) and the reduced gradient is the sum, as in one process.
-Packing and log-probs are the torch backend's (`token_logprobs`): one row, positions restarting.
+Packing, log-probs, `trainer.attention` and `trainer.recompute=full` are the torch backend's
+(`token_logprobs`): one row, positions restarting; per-sequence attention by default.
 
 Weights: `weight_specs` on rank 0 only (it is the one sender); `iter_weights` is collective
 (each parameter's `full_tensor()` all-gather), rank 0 yields HF-named tensors, the others join
@@ -34,7 +35,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from areal_jobs.api import TensorSpec
-from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config import AlgoConfig, DType, Recompute, TrainerConfig
+from areal_jobs.trainer.attention import hf_attn_implementation
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
@@ -42,6 +44,7 @@ from areal_jobs.trainer.fsdp import state as fsdp_state
 from areal_jobs.trainer.loss import LossStats, ppo_loss
 from areal_jobs.trainer.process_group import join_default_group
 from areal_jobs.trainer.torch_backend import (
+    enable_layer_recompute,
     loss_inputs,
     prox_from_gradient_pass,
     step_weights,
@@ -96,10 +99,12 @@ class FSDPBackend:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         torch.manual_seed(self.cfg.seed)
         model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
+            self.model_path,
+            dtype=getattr(torch, self.dtype.value),
+            attn_implementation=hf_attn_implementation(self.cfg.attention),
         )
-        if self.cfg.fsdp_activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.cfg.recompute is Recompute.full:  # before fully_shard: per decoder layer
+            enable_layer_recompute(model)
         self.architecture = type(model).__name__  # fully_shard renames the class: export the original
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.model = fsdp_state.shard(model, self.cfg.fsdp_mixed_precision, self.device)

@@ -14,8 +14,11 @@ One `train_step`:
      at `trainer.grad_clip` and one AdamW step of Megatron's distributed optimizer.
 Log-probs come from vocab-parallel logits through `vocab_parallel_cross_entropy`; the padded
 vocab columns are set to -inf first, so the softmax is over the HF vocab exactly.
-Packing: THD with PackedSeqParams under TransformerEngine (GPU), else one row per micro-batch
-with a block-diagonal causal mask and positions restarting at 0 per sequence.
+Packing: one row per micro-batch, its sequences' boundaries as THD PackedSeqParams for
+TransformerEngine's attention or, without TE, for our per-sequence core attention
+(megatron/attention.py, trainer.attention=varlen); trainer.attention=dense gives the local spec a
+block-diagonal causal [T, T] mask instead. trainer.recompute: Megatron's activation
+recomputation (model.recompute_settings).
 
 Who does what: every method runs on every trainer rank at once. `weight_specs`/`iter_weights`
 gather TP shards collectively; the TP-rank-0, DP-rank-0 rank of each pipeline stage is that
@@ -44,7 +47,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
 from areal_jobs.api import TensorSpec
-from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config import AlgoConfig, Attention, DType, TrainerConfig
 from areal_jobs.config.algo import ProxLogp
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
@@ -96,6 +99,13 @@ class MegatronBackend:
         )
         self.dims.check_layout(cfg.tp_size, cfg.pp_size)
         self._use_te = megatron_model.use_transformer_engine()
+        if self._use_te and cfg.attention is Attention.dense:
+            raise ValueError(
+                "trainer.attention=dense is the local spec's masked attention; with TransformerEngine "
+                "installed the trainer attends per sequence with TE's THD kernels: set trainer.attention=varlen"
+            )
+        # the sequences' boundaries as THD PackedSeqParams (TE's attention or ours), else a dense mask
+        self._thd = self._use_te or cfg.attention is Attention.varlen
         self._device = (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         )
@@ -114,6 +124,7 @@ class MegatronBackend:
             pp_size=cfg.pp_size,
             params_dtype=self._dtype,
             use_te=self._use_te,
+            recompute=cfg.recompute,
         )
         self._gpt = megatron_model.build_gpt(self.dims, config, use_te=self._use_te)
         megatron_weights.load_hf_weights(
@@ -171,7 +182,7 @@ class MegatronBackend:
         agg = token_weights([s.mask() for s in batch.samples], self._algo.loss_agg, batch.max_new_tokens)
         microbatches = [
             build_microbatch(
-                [batch.samples[i] for i in mb], [agg[i] for i in mb], device=self._device, use_te=self._use_te
+                [batch.samples[i] for i in mb], [agg[i] for i in mb], device=self._device, thd=self._thd
             )
             for mb in plan[self._dp_rank]
         ]
@@ -254,7 +265,7 @@ class MegatronBackend:
             )
 
         outputs = self._run_schedule(
-            [build_microbatch(samples, device=self._device, use_te=self._use_te)],
+            [build_microbatch(samples, device=self._device, thd=self._thd)],
             keep_logits,
             forward_only=True,
         )

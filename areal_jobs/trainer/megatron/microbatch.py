@@ -1,8 +1,10 @@
 """One packed micro-batch of the Megatron backend: the samples of a DP rank's share, in one row.
 
-Under TransformerEngine (GPU) the row is THD with PackedSeqParams; otherwise (CPU, the local
-spec) a block-diagonal causal mask keeps the sequences apart, positions restarting at 0 each.
-Pure tensor building, no model: the backend runs it through Megatron's schedule.
+The sequences' boundaries travel as THD PackedSeqParams (cu_seqlens), read by TransformerEngine's
+attention or, on the local spec, by ours (attention.py, `trainer.attention=varlen`); or, with
+`trainer.attention=dense` on the local spec, as one block-diagonal causal [T, T] mask. Either way
+each sequence attends to itself only, positions restarting at 0 each. Pure tensor building, no
+model: the backend runs it through Megatron's schedule.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ class MicroBatch:
     advantages: torch.Tensor  # float32 [n]
     token_weight: torch.Tensor  # float32 [n]: the loss aggregation weight, 0 on masked tokens
     seq_index: torch.Tensor  # int64 [n]: which sample of the micro-batch each output token is from
-    attention_mask: torch.Tensor | None  # bool [1, 1, T, T], True = masked (local spec)
-    packed_seq_params: PackedSeqParams | None  # THD (TransformerEngine)
+    attention_mask: torch.Tensor | None  # bool [1, 1, T, T], True = masked (dense attention)
+    packed_seq_params: PackedSeqParams | None  # THD (varlen attention, TE or ours)
     prox_logp: torch.Tensor | None = None  # float32 [n]: before the gradient pass, or in it (current)
 
     @property
@@ -43,10 +45,11 @@ def build_microbatch(
     agg: list[np.ndarray] | None = None,
     *,
     device: torch.device | None,
-    use_te: bool,
+    thd: bool,
 ) -> MicroBatch:
     """Pack `samples` into one row; `agg` are their loss-aggregation weights (trainer/loss.py).
-    An empty list gives a one-token dummy: every DP rank runs the same number of micro-batches."""
+    `thd`: boundaries as PackedSeqParams, else a dense mask. An empty list gives a one-token
+    dummy: every DP rank runs the same number of micro-batches."""
     dev = device
     if not samples:  # an empty micro-batch keeps every DP rank's schedule the same length
         seqs, prompts = [np.zeros(1, dtype=np.int64)], [1]
@@ -71,7 +74,7 @@ def build_microbatch(
     seq_index = np.repeat(np.arange(len(samples)), [s.num_output_tokens for s in samples])
     ids = torch.as_tensor(packed.input_ids, device=dev)
     mask, psp = None, None
-    if use_te:
+    if thd:
         cu = torch.as_tensor(packed.cu_seqlens, dtype=torch.int32, device=dev)
         longest = int(np.diff(packed.cu_seqlens).max())
         psp = PackedSeqParams(

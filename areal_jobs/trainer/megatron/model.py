@@ -2,7 +2,8 @@
 
 The layer spec is TransformerEngine's when CUDA and TE are both present (fused norms and
 linears, THD packed attention) and Megatron's local spec otherwise (CPU, or GPU without TE),
-with its core attention computed by torch's fused scaled_dot_product_attention.
+with our core attention (attention.py): per-sequence over THD packed micro-batches, or dense-masked.
+`trainer.recompute` maps onto Megatron's own activation recomputation (`recompute_settings`).
 Megatron initialises the weights; the backend then copies them in from the HF checkpoint.
 """
 
@@ -21,10 +22,11 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.models.gpt.gpt_model import GPTModel
-from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from areal_jobs.config import Recompute
+from areal_jobs.trainer.megatron.attention import PackedCoreAttention
 from areal_jobs.trainer.megatron.convert import ModelDims
 
 
@@ -48,9 +50,11 @@ def transformer_config(
     pp_size: int,
     params_dtype: torch.dtype,
     use_te: bool,
+    recompute: Recompute = Recompute.none,
 ) -> TransformerConfig:
     """Megatron's TransformerConfig for an HF Llama/Qwen2/Qwen3 architecture."""
     return TransformerConfig(
+        **recompute_settings(recompute),
         num_layers=dims.num_layers,
         hidden_size=dims.hidden_size,
         ffn_hidden_size=dims.ffn_hidden_size,
@@ -93,49 +97,28 @@ def transformer_config(
     )
 
 
-class SdpaDotProductAttention(DotProductAttention):
-    """Megatron's local core attention, computed by torch's fused scaled_dot_product_attention.
+def recompute_settings(recompute: Recompute) -> dict[str, Any]:
+    """TransformerConfig fields for `trainer.recompute`, in Megatron-Core 0.16's terms.
 
-    Same contract as DotProductAttention: query [s, b, heads, d], key/value [s, b, groups, d],
-    bool mask [b, 1, s, s] with True = masked; returns [s, b, heads * d]. The stock version
-    materialises the [b, heads, s, s] scores, repeats K/V per group and runs softmax and mask
-    as separate passes; with packed micro-batches s is the whole micro-batch, and on CPU a
-    train step of the built-in model took 2.8x as long as with the fused kernel.
-    """
-
-    def forward(
-        self,
-        query,
-        key,
-        value,
-        attention_mask,
-        attn_mask_type=None,
-        attention_bias=None,
-        packed_seq_params=None,
-    ):
-        if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("packed (THD) attention and attention bias need the TransformerEngine spec")
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads or groups, s, d]
-        context = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=None if attention_mask is None else ~attention_mask,
-            is_causal=attention_mask is None,
-            dropout_p=self.config.attention_dropout if self.training else 0.0,
-            scale=self.softmax_scale,
-            enable_gqa=True,
-        )
-        return context.permute(2, 0, 1, 3).reshape(
-            query.shape[0], query.shape[1], self.hidden_size_per_partition
-        )
+    full: every decoder layer keeps only its input and runs again in backward (granularity full,
+    method uniform over chunks of 1 layer: Megatron-LM's --recompute-granularity full
+    --recompute-method uniform --recompute-num-layers 1). selective: the core attention only
+    (Attention.checkpoint_core_attention, whatever module the spec puts there: ours in the local
+    spec, TE's fused one under TE). It pays where attention keeps large intermediates (the dense
+    path's masked scores); a flash-style kernel keeps only its output and log-sum-exp, so there
+    selective saves little and full is the mode that frees memory."""
+    if recompute is Recompute.full:
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if recompute is Recompute.selective:
+        return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    return {}
 
 
 def layer_spec(dims: ModelDims, *, use_te: bool) -> ModuleSpec:
     if use_te:
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_norm)
     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention
+    spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
     return spec
 
 

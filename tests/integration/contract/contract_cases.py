@@ -51,6 +51,29 @@ CASES: dict[str, dict] = {
 REFUSED = {"ppo_minibatches": 2, "kl_coef": 0.1, "kl_estimator": None, "prox_logp": "loglinear"}
 NOT_OBJECTIVE = {"max_staleness", "batch_size", "group_size", "max_discarded_groups"}
 
+# How the step is computed, not what it computes: trainer.* settings (on the default objective)
+# whose step must equal the torch backend's default one (trainer.recompute=none,
+# trainer.attention=varlen) at the same tolerances, on every backend that implements them.
+TRAINER_CASES: dict[str, dict] = {
+    "recompute_full": dict(recompute="full"),
+    "recompute_selective": dict(recompute="selective"),
+    "attention_dense": dict(attention="dense"),
+}
+# trainer case -> the backends whose config refuses it (TrainerConfig.__post_init__)
+TRAINER_REFUSED: dict[str, tuple[str, ...]] = {"recompute_selective": ("torch", "fsdp")}
+
+
+def trainer_for(case: str, base):
+    """`base` (a TrainerConfig) with the trainer case's overrides; unchanged for objective cases."""
+    from areal_jobs.config import Attention, Recompute
+
+    enums = {"recompute": Recompute, "attention": Attention}
+    return replace(base, **{k: enums[k](v) for k, v in TRAINER_CASES.get(case, {}).items()})
+
+
+def runs_on(case: str, backend: str) -> bool:
+    return backend not in TRAINER_REFUSED.get(case, ())
+
 
 def algo_for(case: str):
     from areal_jobs.config.algo import (
@@ -69,7 +92,7 @@ def algo_for(case: str):
         "loss_agg": LossAgg,
         "prox_logp": ProxLogp,
     }
-    fields = {k: enums[k](v) if k in enums else v for k, v in CASES[case].items()}
+    fields = {k: enums[k](v) if k in enums else v for k, v in CASES.get(case, {}).items()}
     return AlgoConfig(**BASE, **fields)
 
 
@@ -117,17 +140,45 @@ def batch_for(case: str):
     return batch
 
 
-def _each_case(make_backend, rank: int, cases: list[str]) -> dict:
+def forward_counter(root):
+    """Forward pre-hooks on `root`'s decoder layers and attention modules (HF `layers.N` and
+    `self_attn`, Megatron `layers.N` and `core_attention`): how often each kind started,
+    recomputation in backward included (pre-hooks: torch's non-reentrant checkpoint stops a
+    recomputation once it has the tensors it needs, before the layer returns). Returns
+    (counts, remove)."""
+    import re
+
+    counts = {"layers": 0, "attention": 0}
+    handles = []
+    for name, module in root.named_modules():
+        kind = "layers" if re.search(r"layers\.\d+$", name) else None
+        kind = "attention" if name.endswith(("self_attn", "core_attention")) else kind
+        if kind:
+            handles.append(
+                module.register_forward_pre_hook(lambda *_, k=kind: counts.__setitem__(k, counts[k] + 1))
+            )
+    assert handles, "no decoder layers found"
+    return counts, lambda: [h.remove() for h in handles]
+
+
+def _step(backend, root, case: str, rank: int) -> dict:
+    counts, remove = forward_counter(root)
+    metrics = backend.train_step(batch_for(case) if rank == 0 else None)
+    remove()
+    return {"metrics": metrics, "forwards": dict(counts)}
+
+
+def _each_case(make_backend, root_of, rank: int, cases: list[str]) -> dict:
     """Every case on fresh weights of a new backend in this one spawned rank (ranks reused);
     global rank 0 passes the batch, as the trainer does."""
     import gc
 
     out = {}
     for case in cases:
-        backend = make_backend(algo_for(case))
+        backend = make_backend(case)
         backend.setup()
-        metrics = backend.train_step(batch_for(case) if rank == 0 else None)
-        out[case] = {"metrics": metrics, "after": exported(backend)}
+        out[case] = _step(backend, root_of(backend), case, rank)
+        out[case]["after"] = exported(backend)
         del backend
         gc.collect()
     return out
@@ -140,7 +191,12 @@ def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cas
 
     cfg = trainer_config(tp, 1, dp)
     init_distributed(cfg, timeout_s=120.0)
-    return _each_case(lambda algo: MegatronBackend(cfg, algo, model_dir, DType.float32), rank, cases)
+    return _each_case(
+        lambda case: MegatronBackend(trainer_for(case, cfg), algo_for(case), model_dir, DType.float32),
+        lambda backend: backend._gpt,
+        rank,
+        [c for c in cases if runs_on(c, "megatron")],
+    )
 
 
 def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict:
@@ -149,16 +205,13 @@ def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dic
 
     cfg = replace(trainer_config(), backend=TrainerBackend.torch)
     out = {}
-    for case in cases:
-        backend = TorchBackend(cfg, algo_for(case), model_dir, DType.float32)
+    for case in [c for c in cases if runs_on(c, "torch")]:
+        backend = TorchBackend(trainer_for(case, cfg), algo_for(case), model_dir, DType.float32)
         backend.setup()
         if not out:
             out["before"] = {k: v.detach().numpy().copy() for k, v in backend.iter_weights()}
-        metrics = backend.train_step(batch_for(case))
-        out[case] = {
-            "metrics": metrics,
-            "after": {k: v.detach().numpy().copy() for k, v in backend.iter_weights()},
-        }
+        out[case] = _step(backend, backend.model, case, rank)
+        out[case]["after"] = {k: v.detach().numpy().copy() for k, v in backend.iter_weights()}
     return out
 
 
@@ -169,4 +222,9 @@ def fsdp_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict
 
     cfg = replace(trainer_config(), backend=TrainerBackend.fsdp, dp_size=world)
     init_distributed(cfg, timeout_s=120.0)
-    return _each_case(lambda algo: FSDPBackend(cfg, algo, model_dir, DType.float32), rank, cases)
+    return _each_case(
+        lambda case: FSDPBackend(trainer_for(case, cfg), algo_for(case), model_dir, DType.float32),
+        lambda backend: backend.model,
+        rank,
+        [c for c in cases if runs_on(c, "fsdp")],
+    )

@@ -15,6 +15,14 @@ spawned process per rank, reused across cases). Compared against torch, per case
   ppo/*, mismatch/*     |d| < 1e-5          (fractions: every token decides the same way)
 Knobs a backend does not implement are refused by the config, naming the override
 (config/support.py: Megatron ppo_minibatches > 1 and kl_coef; FSDP kl_coef).
+
+How the step is computed (TRAINER_CASES: trainer.recompute=full|selective, trainer.attention=
+dense) must not change it: each runs the default objective on every backend that implements it,
+the torch backend included, and is compared with the torch backend's default step (recompute
+none, attention varlen) at the same tolerances. Forward hooks count the decoder layers' and the
+attention modules' calls, so a mode that silently does nothing fails: full runs every layer
+again in backward, selective the attention only. trainer.recompute=selective is Megatron's
+(its core attention) and refused by the torch and FSDP backends' config, naming the override.
 """
 
 from __future__ import annotations
@@ -29,10 +37,13 @@ from contract_cases import (
     CASES,
     NOT_OBJECTIVE,
     REFUSED,
+    TRAINER_CASES,
+    TRAINER_REFUSED,
     algo_for,
     batch_for,
     fsdp_worker,
     megatron_worker,
+    runs_on,
     torch_worker,
 )
 from harness import make_tiny_hf, run_ranks, update_diff
@@ -52,6 +63,7 @@ SAME_AS_DEFAULT = {"prox_recompute"}
 LAYOUTS = {"tp1": (1, 1), "tp2dp2": (2, 2)}  # Megatron (tp, dp)
 FSDP_WORLD = 2
 COMPARED = [*LAYOUTS, "fsdp_dp2"]
+BACKEND_OF = {"torch": "torch", "tp1": "megatron", "tp2dp2": "megatron", "fsdp_dp2": "fsdp"}
 
 
 def test_every_algo_field_is_covered():
@@ -80,7 +92,7 @@ def test_megatron_refuses_what_it_does_not_implement(field):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     model = str(make_tiny_hf(tmp_path_factory.mktemp("contract") / "qwen2", "qwen2", tied=True, seed=3))
-    cases = list(CASES)
+    cases = [*CASES, *TRAINER_CASES]
     out = {"torch": run_ranks(torch_worker, 1, model, cases, timeout_s=300)[0]}
     for name, (tp, dp) in LAYOUTS.items():
         out[name] = run_ranks(megatron_worker, tp * dp, tp, dp, model, cases, timeout_s=300)
@@ -100,14 +112,16 @@ def test_backends_agree_on_every_case(results):
     before = torch_out["before"]
     rows, failures = [], []
     worst: dict[str, float] = {}
-    for case in CASES:
-        ref = torch_out[case]["metrics"]
+    for case in [*CASES, *TRAINER_CASES]:
+        reference = "default" if case in TRAINER_CASES else case  # the same step, computed otherwise
+        ref = torch_out[reference]["metrics"]
         assert batch_for(case).samples, case
-        for layout in COMPARED:
-            got = results[layout][0][case]["metrics"]
-            weight_diff, update_rel = update_diff(
-                merged(results[layout], case), torch_out[case]["after"], before
-            )
+        for layout in [*COMPARED, "torch"] if case in TRAINER_CASES else COMPARED:
+            if not runs_on(case, BACKEND_OF[layout]):
+                continue  # refused by that backend's config: test_trainer_refusals
+            ranks = [results["torch"]] if layout == "torch" else results[layout]
+            got = ranks[0][case]["metrics"]
+            weight_diff, update_rel = update_diff(merged(ranks, case), torch_out[reference]["after"], before)
             keys = sorted(k for k in ref if k.startswith(("ppo/", "mismatch/")))
             assert keys and set(keys) <= set(got), (case, layout, sorted(set(keys) - set(got)))
             diffs = {
@@ -136,7 +150,7 @@ def test_cases_exercise_their_knob(results):
     its statistics away from the default's."""
     t = results["torch"]
     default = t["default"]["metrics"]
-    for case in CASES:
+    for case in CASES:  # TRAINER_CASES: test_trainer_cases_run_their_mode
         if case == "default":
             continue
         m = t[case]["metrics"]
@@ -150,3 +164,50 @@ def test_cases_exercise_their_knob(results):
             abs(m[k] - default[k]) > 1e-7 for k in m if k.startswith(("ppo/", "mismatch/", "train/num_"))
         )
         assert moved, f"case {case} trains exactly like the default"
+
+
+def test_trainer_cases_run_their_mode(results):
+    """Same numbers, other work: full recompute runs every decoder layer again in backward,
+    selective only the core attention; dense attention runs what the default runs."""
+    for layout in ["torch", *COMPARED]:
+        out = results[layout] if layout == "torch" else results[layout][0]
+        base = out["default"]["forwards"]
+        assert base["layers"] > 0 and base["attention"] > 0, (layout, base)
+        for case in TRAINER_CASES:
+            if not runs_on(case, BACKEND_OF[layout]):
+                assert case not in out, (layout, case)
+                continue
+            got = out[case]["forwards"]
+            expected = {
+                "recompute_full": {"layers": 2 * base["layers"], "attention": 2 * base["attention"]},
+                "recompute_selective": {"layers": base["layers"], "attention": 2 * base["attention"]},
+                "attention_dense": base,
+            }[case]
+            assert got == expected, (layout, case, got, base)
+
+
+@pytest.mark.parametrize("case", sorted(c for c, backends in TRAINER_REFUSED.items() if backends))
+def test_trainer_refusals(case):
+    """A trainer case a backend does not implement is refused when the config is built, with the
+    override to change."""
+    from contract_cases import trainer_for
+
+    from areal_jobs.config import TrainerBackend, TrainerConfig
+
+    for backend in TRAINER_REFUSED[case]:
+        with pytest.raises(
+            ValueError, match=r"trainer\.recompute=selective .*trainer=megatron.*trainer\.recompute=full"
+        ):
+            trainer_for(case, TrainerConfig(backend=TrainerBackend(backend)))
+    for backend in set(BACKEND_OF.values()) - set(TRAINER_REFUSED[case]):
+        trainer_for(case, TrainerConfig(backend=TrainerBackend(backend)))
+
+
+def test_every_trainer_mode_is_covered():
+    """Every value of trainer.recompute and trainer.attention is the default or a TRAINER_CASE."""
+    from areal_jobs.config import Attention, Recompute, TrainerConfig
+
+    default = TrainerConfig()
+    for field, enum in (("recompute", Recompute), ("attention", Attention)):
+        covered = {case[field] for case in TRAINER_CASES.values() if field in case}
+        assert covered | {getattr(default, field).value} == {v.value for v in enum}, field

@@ -10,8 +10,8 @@ Tiny random Qwen2 (tied embeddings: one parameter shared by embedding and head) 
   - a 2-rank sharded checkpoint taken after step 1, loaded by 2 fresh ranks, gives the same
     step-2 loss and weights as the run that never stopped;
   - the HF export loads in transformers with exactly the weights the sender publishes;
-  - mixed precision and activation checkpointing train (bf16 loss near the fp32 one; activation
-    checkpointing changes nothing in fp32).
+  - mixed precision and activation checkpointing (trainer.recompute=full) train (bf16 loss near
+    the fp32 one; recomputation changes nothing in fp32).
 """
 
 from __future__ import annotations
@@ -114,10 +114,12 @@ def test_hf_export_loads_in_transformers(models, tmp_path):
 
 
 def options_worker(rank: int, world: int, model_dir: str) -> dict:
+    from areal_jobs.config import Recompute
+
     losses = {}  # three backends in one process group, one after the other
     for name, options in {
         "plain": {},
-        "checkpointing": {"fsdp_activation_checkpointing": True},
+        "checkpointing": {"recompute": Recompute.full},
         "bf16": {"fsdp_mixed_precision": True},
     }.items():
         backend = start_backend(model_dir, trainer_config(world, **options))

@@ -1,0 +1,143 @@
+"""Attention over a packed micro-batch without a [T, T] mask (`trainer.attention=varlen`).
+
+A micro-batch is one row of T tokens holding several sequences (data/packing.py) with boundaries
+cu_seqlens = [0, l1, l1 + l2, ..., T]. The dense path gives the kernel one block-diagonal causal
+mask over the row: T² memory for the mask, T² compute. Here torch's fused
+scaled_dot_product_attention runs once per sequence with `is_causal`: compute Σ lᵢ², and beyond
+q, k, v only what the kernel itself keeps (the flash kernels, on CPU and CUDA, keep the output and
+the log-sum-exp). Exact: each query sees the same keys; only the kernel's summation order differs.
+
+Why per-sequence SDPA, also on GPU, rather than FlexAttention with a document-causal block mask:
+one code path on CPU (where it is tested) and CUDA; no compilation per packed shape (a new length
+every micro-batch); on CUDA, SDPA takes its flash kernel for each sequence (GQA included). RL
+micro-batches hold few sequences of hundreds to tens of thousands of tokens, so one kernel launch
+per sequence and layer is small next to the layer's matmuls. (Not measured on a GPU yet.)
+
+Two users:
+  - Megatron's local layer spec (trainer/megatron/attention.py), fed THD `PackedSeqParams`;
+  - the Hugging Face models of the torch and FSDP2 backends: `hf_attn_implementation` registers
+    `hf_varlen_attention` with transformers' AttentionInterface as `areal_varlen`. transformers
+    builds no mask for a name missing from its AttentionMaskInterface (masking_utils.
+    _preprocess_mask_arguments returns None for it), so no [T, T] tensor exists on the way
+    either. `packed_forward_kwargs` hands the boundaries to the model as `cu_seq_lens_q`;
+    without them they come from the position ids, which restart at 0 for each sequence.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from areal_jobs.config import Attention
+
+HF_VARLEN = "areal_varlen"  # the attn_implementation name of hf_varlen_attention
+
+# the boundaries of the tensor they were last read from: every layer of one forward gets the same
+# cu_seq_lens_q / position_ids tensor, so a CUDA tensor costs one device sync per forward
+_last_bounds: tuple[weakref.ref, list[int]] | None = None
+
+
+def causal_attention_per_sequence(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: Sequence[int],
+    *,
+    scale: float | None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """query [heads, T, d], key/value [groups, T, d] (heads a multiple of groups: GQA) ->
+    [heads, T, d]: sequence i (tokens bounds[i]:bounds[i + 1]) attends causally to itself only."""
+    if bounds[0] != 0 or bounds[-1] != query.shape[-2]:
+        raise ValueError(
+            f"sequence bounds {bounds[0]}..{bounds[-1]} do not cover the {query.shape[-2]} tokens"
+        )
+    outputs = [
+        F.scaled_dot_product_attention(
+            query[:, start:end],
+            key[:, start:end],
+            value[:, start:end],
+            is_causal=True,
+            dropout_p=dropout_p,
+            scale=scale,
+            enable_gqa=key.shape[0] != query.shape[0],
+        )
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+        if end > start
+    ]
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+def bounds_of(cu_seqlens: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> list[int]:
+    """Sequence boundaries [0, ..., T] from cu_seqlens, else from position ids [1, T] that restart
+    at 0 for each sequence (the packing convention)."""
+    global _last_bounds
+    source = cu_seqlens if cu_seqlens is not None else position_ids
+    if source is None:
+        raise ValueError("varlen attention needs cu_seq_lens_q or position_ids to find the sequences")
+    if _last_bounds is not None and _last_bounds[0]() is source:
+        return _last_bounds[1]
+    if cu_seqlens is not None:
+        bounds = [int(b) for b in cu_seqlens.tolist()]
+    else:
+        if position_ids.dim() != 2 or position_ids.shape[0] != 1:
+            raise ValueError(
+                f"varlen attention runs one packed row: position_ids {tuple(position_ids.shape)}"
+            )
+        starts = torch.nonzero(position_ids[0] == 0).flatten().tolist()
+        bounds = sorted({0, *starts}) + [int(position_ids.shape[1])]
+    _last_bounds = (weakref.ref(source), bounds)
+    return bounds
+
+
+def hf_varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: query [1, heads, T, d], key/value [1, groups, T, d] ->
+    ([1, T, heads, d], no weights), as its sdpa implementation returns them."""
+    if query.shape[0] != 1:
+        raise ValueError(
+            f"attn_implementation={HF_VARLEN} attends within one packed row (batch 1), got batch "
+            f"{query.shape[0]}: pack the sequences (data/packing.py) or load the model with sdpa"
+        )
+    if key.shape[-2] != query.shape[-2]:
+        raise ValueError(f"attn_implementation={HF_VARLEN} is for training forwards: no KV cache")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(
+            f"attn_implementation={HF_VARLEN} has no sliding window: set trainer.attention=dense"
+        )
+    if attention_mask is not None:  # transformers builds none for this name; a caller's would be ignored
+        raise ValueError(
+            f"attn_implementation={HF_VARLEN} takes the sequences from cu_seq_lens_q, not a mask"
+        )
+    bounds = bounds_of(kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids"))
+    out = causal_attention_per_sequence(query[0], key[0], value[0], bounds, scale=scaling, dropout_p=dropout)
+    return out.transpose(0, 1).unsqueeze(0), None
+
+
+def hf_attn_implementation(attention: Attention) -> str:
+    """The `attn_implementation` to load a transformers model with for `trainer.attention`."""
+    if attention is Attention.dense:
+        return "sdpa"  # transformers builds the block-diagonal mask from the restarting position ids
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(HF_VARLEN, hf_varlen_attention)
+    return HF_VARLEN
+
+
+def packed_forward_kwargs(model: torch.nn.Module, cu_seqlens: Sequence[int]) -> dict[str, object]:
+    """Extra forward kwargs for a packed row: the boundaries for the varlen attention ({} for other
+    attention implementations, which do not read them)."""
+    if getattr(model.config, "_attn_implementation", None) != HF_VARLEN:
+        return {}
+    return {"cu_seq_lens_q": torch.as_tensor(cu_seqlens, dtype=torch.int64)}

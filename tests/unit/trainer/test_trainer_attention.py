@@ -1,0 +1,171 @@
+"""trainer.attention=varlen (trainer/attention.py): per-sequence causal attention over a packed row
+is exact against the dense block-diagonal mask, in the kernel and through transformers' Llama,
+Qwen2 and Qwen3 (GQA: 4 query heads, 2 KV groups), and no [T, T] tensor is allocated on the way.
+
+The batch packs very different lengths into one row (a 1-token prompt, a 1-token answer, a
+sequence of ~200 tokens beside ones of 2), as the trainer's micro-batches do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from areal_jobs.config import Attention
+from areal_jobs.trainer.attention import (
+    HF_VARLEN,
+    bounds_of,
+    causal_attention_per_sequence,
+    hf_attn_implementation,
+)
+from areal_jobs.trainer.batch import TrainSample
+from areal_jobs.trainer.torch_backend import token_logprobs
+
+# fp32 log-probs of order 5-6, whose float32 spacing is 4.8e-7: each path, dense included, is up
+# to ~1e-6 from a float64 forward of the same weights, so 1e-6 between the two paths would ask
+# them to agree within 2 spacings. Measured max 1.4e-6 (3 spacings; Megatron 1.9e-6), mean
+# 2.7e-7. The bound is 8 spacings; a leak between sequences or a wrong causal mask moves
+# log-probs by 1e-2 and more.
+LOGP_TOL = 4e-6
+LOGP_MEAN_TOL = 1e-6
+LENGTHS = [(1, 6), (5, 1), (40, 170), (2, 3), (9, 30)]  # (prompt, answer) tokens
+VOCAB = 150
+
+
+def dense_reference(q, k, v, bounds, scale):
+    segment = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.tensor(np.diff(bounds)))
+    causal = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()
+    mask = (segment[:, None] == segment[None, :]) & causal
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def test_per_sequence_attention_equals_the_block_diagonal_mask_forward_and_backward():
+    torch.manual_seed(0)
+    bounds = [0, 1, 38, 41, 161, 163]  # lengths 1, 37, 3, 120, 2
+    inputs = [torch.randn(h, bounds[-1], 16, requires_grad=True) for h in (4, 2, 2)]
+    weight = torch.randn(4, bounds[-1], 16)  # a random upstream gradient
+    got = causal_attention_per_sequence(*inputs, bounds, scale=0.3)
+    grads = torch.autograd.grad((got * weight).sum(), inputs)
+    want = dense_reference(*inputs, bounds, 0.3)
+    want_grads = torch.autograd.grad((want * weight).sum(), inputs)
+    assert (got - want).abs().max() < 1e-6
+    for g, w in zip(grads, want_grads, strict=True):
+        assert (g - w).abs().max() < 1e-5
+
+
+def test_bounds_from_cu_seqlens_or_restarting_positions():
+    positions = torch.tensor([[0, 1, 2, 0, 0, 1]])
+    assert bounds_of(position_ids=positions) == [0, 3, 4, 6]
+    assert bounds_of(cu_seqlens=torch.tensor([0, 3, 4, 6])) == [0, 3, 4, 6]
+    with pytest.raises(ValueError, match="do not cover"):
+        causal_attention_per_sequence(
+            torch.zeros(2, 6, 4), torch.zeros(2, 6, 4), torch.zeros(2, 6, 4), [0, 5], scale=None
+        )
+
+
+def tiny_model(family: str, attention: Attention):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
+    config = config_cls(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=family == "qwen2",
+    )
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation=hf_attn_implementation(attention), dtype=torch.float32
+    )
+    with torch.no_grad():  # larger than the init's weights: attention patterns far from uniform
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.08 * torch.randn_like(p))
+    return model.eval()
+
+
+def samples():
+    rng = np.random.default_rng(5)
+    return [
+        TrainSample(
+            f"s{i}",
+            rng.integers(1, VOCAB, p + n),
+            p,
+            np.zeros(n, np.float32),
+            np.zeros(n, np.int32),
+            0.0,
+            0.0,
+        )
+        for i, (p, n) in enumerate(LENGTHS)
+    ]
+
+
+class SquareTensors(TorchDispatchMode):
+    """Records every op output with two dimensions of `size` (a [T, T] mask or score matrix).
+    Under a dispatch mode SDPA runs its math decomposition, which shows its score matrices."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size, self.found = size, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and list(t.shape).count(self.size) >= 2:
+                self.found.append((str(func), tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_hf_varlen_logprobs_equal_dense_and_no_tensor_is_t_by_t(family):
+    dense, varlen = tiny_model(family, Attention.dense), tiny_model(family, Attention.varlen)
+    assert varlen.config._attn_implementation == HF_VARLEN
+    batch = samples()
+    with torch.no_grad():
+        want, got = (torch.cat(token_logprobs(m, batch)) for m in (dense, varlen))
+        truth = torch.cat(token_logprobs(tiny_model(family, Attention.dense).double(), batch))
+    diff = (got - want).abs()
+    print(
+        f"{family}: |varlen - dense| max {float(diff.max()):.1e} mean {float(diff.mean()):.1e}; "
+        f"max error vs float64: varlen {float((got.double() - truth).abs().max()):.1e}, "
+        f"dense {float((want.double() - truth).abs().max()):.1e}"
+    )
+    assert got.shape == want.shape == (sum(n for _, n in LENGTHS),)
+    assert diff.max() < LOGP_TOL and diff.mean() < LOGP_MEAN_TOL
+    assert (got.double() - truth).abs().max() < LOGP_TOL  # as near the float64 truth as dense is
+    num_tokens = sum(len(s.input_ids) for s in batch)
+    with SquareTensors(num_tokens) as varlen_ops:
+        torch.cat(token_logprobs(varlen, batch)).sum().backward()  # the gradients' buffers too
+    assert varlen_ops.found == []
+    with SquareTensors(num_tokens) as dense_ops:  # the check can fail: the dense path builds [T, T]
+        token_logprobs(dense, batch)
+    assert dense_ops.found
+
+
+def test_hf_varlen_finds_the_sequences_from_position_ids_alone():
+    """A caller that passes only the restarting position ids (no cu_seq_lens_q) gets the same."""
+    from areal_jobs.data.packing import pack
+
+    model = tiny_model("qwen2", Attention.varlen)
+    packed = pack([s.input_ids for s in samples()])
+    ids = torch.from_numpy(packed.input_ids)[None]
+    positions = torch.from_numpy(packed.position_ids)[None]
+    with torch.no_grad():
+        bare = model(input_ids=ids, position_ids=positions).logits
+        told = model(
+            input_ids=ids, position_ids=positions, cu_seq_lens_q=torch.as_tensor(packed.cu_seqlens)
+        ).logits
+    assert torch.equal(bare, told)
+
+
+def test_hf_varlen_refuses_a_padded_batch():
+    model = tiny_model("llama", Attention.varlen)
+    with pytest.raises(ValueError, match="batch 1"):
+        model(input_ids=torch.ones(2, 5, dtype=torch.long))
