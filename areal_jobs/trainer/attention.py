@@ -55,16 +55,18 @@ def causal_attention_per_sequence(
         raise ValueError(
             f"sequence bounds {bounds[0]}..{bounds[-1]} do not cover the {query.shape[-2]} tokens"
         )
+    # 4-D [1, heads, l, d]: torch's fused kernels (flash on CPU and CUDA) take only 4-D inputs;
+    # 3-D ones fall back to the math path, which keeps [heads, l, l] scores for backward
     outputs = [
         F.scaled_dot_product_attention(
-            query[:, start:end],
-            key[:, start:end],
-            value[:, start:end],
+            query[None, :, start:end],
+            key[None, :, start:end],
+            value[None, :, start:end],
             is_causal=True,
             dropout_p=dropout_p,
             scale=scale,
             enable_gqa=key.shape[0] != query.shape[0],
-        )
+        )[0]
         for start, end in zip(bounds[:-1], bounds[1:], strict=True)
         if end > start
     ]
