@@ -56,6 +56,9 @@ class TrainerConfig:
     adam_beta2: float = 0.999
     grad_clip: float = 1.0
     max_tokens_per_microbatch: int = 1024  # packing budget; every micro-batch gets about the same
+    # log-probs and entropy through the LM head this many tokens at a time (trainer/logprobs.py): no
+    # [tokens, vocab] float32 logits; 0 = all scored tokens at once through plain autograd (the old path)
+    logprob_chunk_tokens: int = 1024
     threads: int = 1  # torch threads per trainer process (CPU mode)
     seed: int = 1
     tp_size: int = 1  # megatron only
@@ -86,6 +89,10 @@ class TrainerConfig:
             raise ValueError("trainer.total_steps must be >= 1")
         if self.max_tokens_per_microbatch < 16:
             raise ValueError("trainer.max_tokens_per_microbatch must be >= 16")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(
+                "trainer.logprob_chunk_tokens must be >= 0 (tokens per LM-head chunk; 0 = no chunking)"
+            )
         if self.megatron_vocab_multiple % self.tp_size:  # megatron: padded vocab splits evenly over TP
             raise ValueError(
                 f"trainer.megatron_vocab_multiple must be a multiple of trainer.tp_size={self.tp_size}"

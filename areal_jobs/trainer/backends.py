@@ -23,19 +23,21 @@ def join_ranks(cfg: JobConfig) -> RankChannel:
 
 
 def build_backend(cfg: JobConfig) -> TrainBackend:
-    """The backend object (not set up yet: `setup()` loads the model, collectively)."""
+    """The backend object (not set up yet: `setup()` loads the model, collectively). Its log-probs
+    are of the policy that sampled the data: the model's logits divided by rollout.temperature."""
     model_path = cfg.model.path or cfg.model.builtin_dir
+    temperature = cfg.rollout.temperature
     if cfg.trainer.backend is TrainerBackend.megatron:
         from areal_jobs.trainer.megatron.backend import MegatronBackend
 
-        return MegatronBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
+        return MegatronBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype, temperature=temperature)
     if cfg.trainer.backend is TrainerBackend.fsdp:
         from areal_jobs.trainer.fsdp.backend import FSDPBackend
 
-        return FSDPBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
+        return FSDPBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype, temperature=temperature)
     from areal_jobs.trainer.torch_backend import TorchBackend
 
-    return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
+    return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype, temperature=temperature)
 
 
 def pipeline_stage(cfg: JobConfig, rank: int) -> int:

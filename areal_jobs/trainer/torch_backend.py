@@ -35,6 +35,7 @@ from areal_jobs.config.algo import ProxLogp
 from areal_jobs.data.packing import balanced_microbatches, pack
 from areal_jobs.trainer.attention import hf_attn_implementation, packed_forward_kwargs
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.logprobs import head_logprobs
 from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, token_weights
 
 logger = logging.getLogger(__name__)
@@ -53,31 +54,80 @@ def token_logprobs(
     device: torch.device | None = None,
     *,
     with_entropy: bool = False,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+    entropy_grad: bool = False,
 ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Log-probs of every output token of every sample under `model`, from one packed forward.
+    """Log-probs of every output token of every sample under `model` at `temperature`, from one
+    packed forward.
 
     Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled), on `device`
     (the FSDP backend's GPU; None = CPU); with `with_entropy` also the policy's entropy at each of
-    those positions (detached).
+    those positions (detached unless `entropy_grad`). The LM head runs `chunk_tokens` positions at
+    a time (trainer/logprobs.py; 0 = all at once), only over the output positions.
     """
     packed = pack([s.input_ids for s in samples])
     input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
     position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0).to(device)
+    # hidden state at position t predicts token t + 1: a sample's outputs start at its prompt length
+    rows = torch.from_numpy(
+        np.concatenate(
+            [np.zeros(0, np.int64)]
+            + [
+                np.arange(start + s.num_prompt_tokens - 1, start + len(s.input_ids) - 1)
+                for s, start in zip(samples, packed.cu_seqlens[:-1].tolist())
+            ]
+        )
+    ).to(device)
     boundaries = packed_forward_kwargs(model, packed.cu_seqlens)  # varlen attention's sequences
-    logits = (
-        model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **boundaries).logits[0].float()
-    )  # [T, V]
-    out, entropies = [], []
-    for s, start in zip(samples, packed.cu_seqlens[:-1].tolist()):
-        # logits at position t predict token t + 1: the outputs start at prompt length p
-        first, last = start + s.num_prompt_tokens - 1, start + len(s.input_ids) - 1
-        targets = input_ids[0, first + 1 : last + 1]
-        logp = torch.log_softmax(logits[first:last], dim=-1)
-        out.append(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-        if with_entropy:
-            with torch.no_grad():
-                entropies.append(-(logp.exp() * logp).sum(-1))
-    return (out, entropies) if with_entropy else out
+    hidden, weight = final_hidden_states(model, input_ids, position_ids, **boundaries)
+    logp, entropy = head_logprobs(
+        hidden.index_select(0, rows),
+        weight,
+        input_ids[0].index_select(0, rows + 1),
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        entropy_grad=entropy_grad,
+    )
+    sizes = [s.num_output_tokens for s in samples]
+    out = list(logp.split(sizes))
+    return (out, list(entropy.split(sizes))) if with_entropy else out
+
+
+# config attributes of HF models whose forward changes the logits after the LM head
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def final_hidden_states(
+    model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, **forward_kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(final hidden states [T, H], LM-head weight [V, H]) from one forward of the whole HF causal LM.
+
+    The whole model runs (under FSDP2 the root's hooks unshard and reduce its parameters, the
+    tied head included), but its head is handed zero positions: what it would have multiplied is
+    taken on the way in, so no logits exist. The weight is the one the head holds during that
+    forward (FSDP2's unsharded parameter; the root keeps it unsharded until its backward ends).
+    """
+    head = model.get_output_embeddings()
+    config = getattr(model, "config", None)
+    transforms = [k for k in _LOGIT_TRANSFORMS if getattr(config, k, None) not in (None, 1, 1.0)]
+    if head is None or getattr(head, "bias", None) is not None or transforms:
+        raise ValueError(
+            f"{type(model).__name__}: the trainer computes log-probs from the LM head's weight alone; "
+            f"this model's head has a bias or transforms its logits ({transforms}): not supported"
+        )
+    seen: dict[str, torch.Tensor] = {}
+
+    def take(module: torch.nn.Module, args: tuple) -> tuple:
+        seen["hidden"], seen["weight"] = args[0], module.weight
+        return (args[0][:, :0],)
+
+    handle = head.register_forward_pre_hook(take)
+    try:
+        model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **forward_kwargs)
+    finally:
+        handle.remove()
+    return seen["hidden"][0], seen["weight"]
 
 
 def loss_inputs(samples: list[TrainSample], agg_weights: list[np.ndarray]) -> dict[str, torch.Tensor]:
@@ -114,11 +164,20 @@ def step_weights(
 class TorchBackend:
     """api.TrainBackend over a transformers causal LM (the CPU and small-run backend)."""
 
-    def __init__(self, trainer_cfg: TrainerConfig, algo: AlgoConfig, model_path: str, dtype: DType) -> None:
+    def __init__(
+        self,
+        trainer_cfg: TrainerConfig,
+        algo: AlgoConfig,
+        model_path: str,
+        dtype: DType,
+        *,
+        temperature: float = 1.0,
+    ) -> None:
         self.cfg = trainer_cfg
         self.algo = algo
         self.model_path = model_path
         self.dtype = dtype
+        self.temperature = temperature  # rollout.temperature: the policy that sampled the batch
         self.model: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None  # frozen initial weights, for algo.kl_coef > 0
         self.optimizer: torch.optim.Optimizer | None = None
@@ -148,6 +207,16 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ training
 
+    def _logprobs(self, model: torch.nn.Module, samples: list[TrainSample], **kwargs):
+        """token_logprobs of the tempered policy, chunked as trainer.logprob_chunk_tokens says."""
+        return token_logprobs(
+            model,
+            samples,
+            temperature=self.temperature,
+            chunk_tokens=self.cfg.logprob_chunk_tokens,
+            **kwargs,
+        )
+
     def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
         assert self.model is not None and self.optimizer is not None, "call setup() first"
         assert batch is not None, "the torch backend runs one process: rank 0 always has the batch"
@@ -171,13 +240,13 @@ class TorchBackend:
             need = [] if loglinear else [i for i in range(len(samples)) if i not in from_gradient_pass]
             with torch.no_grad():
                 for mb in balanced_microbatches([lengths[i] for i in need], budget):
-                    for i, lp in zip(mb, token_logprobs(self.model, [samples[need[j]] for j in mb])):
+                    for i, lp in zip(mb, self._logprobs(self.model, [samples[need[j]] for j in mb])):
                         prox[need[i]] = lp.detach()
         ref: list[torch.Tensor | None] = [None] * len(samples)
         if self.reference is not None:
             with torch.no_grad():
                 for mb in balanced_microbatches(lengths, budget):
-                    for i, lp in zip(mb, token_logprobs(self.reference, [samples[i] for i in mb])):
+                    for i, lp in zip(mb, self._logprobs(self.reference, [samples[i] for i in mb])):
                         ref[i] = lp
         t_prox = time.perf_counter()
         stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
@@ -188,7 +257,7 @@ class TorchBackend:
             for local in balanced_microbatches([lengths[i] for i in minibatch], budget):
                 mb = [minibatch[j] for j in local]
                 num_micro += 1
-                logp, entropy = token_logprobs(self.model, [samples[i] for i in mb], with_entropy=True)
+                logp, entropy = self._logprobs(self.model, [samples[i] for i in mb], with_entropy=True)
                 if loglinear:
                     for i, lp in zip(mb, logp):
                         prox[i] = loglinear_prox_logp(

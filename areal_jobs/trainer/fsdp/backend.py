@@ -15,7 +15,8 @@ One `train_step`, on every rank at once:
      ranks; the loss is already a global token-mean, so each rank scales it by the world size
      (exact for powers of two) and the reduced gradient is the sum, as in one process.
 Packing, log-probs, `trainer.attention` and `trainer.recompute=full` are the torch backend's
-(`token_logprobs`): one row, positions restarting; per-sequence attention by default.
+(`token_logprobs`): one row, positions restarting; per-sequence attention by default; the LM head
+chunked (trainer/logprobs.py) on the root's unsharded head weight.
 
 Weights: `weight_specs` on rank 0 only (it is the one sender); `iter_weights` is collective
 (each parameter's `full_tensor()` all-gather), rank 0 yields HF-named tensors, the others join
@@ -30,6 +31,7 @@ import os
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -76,7 +78,15 @@ def shutdown_distributed() -> None:
 class FSDPBackend:
     """`TrainBackend` on FSDP2. Construct anywhere (no I/O); `setup()` on every rank."""
 
-    def __init__(self, trainer_cfg: TrainerConfig, algo: AlgoConfig, model_path: str, dtype: DType) -> None:
+    def __init__(
+        self,
+        trainer_cfg: TrainerConfig,
+        algo: AlgoConfig,
+        model_path: str,
+        dtype: DType,
+        *,
+        temperature: float = 1.0,
+    ) -> None:
         if trainer_cfg.fsdp_mixed_precision and dtype is not DType.float32:
             raise ValueError(
                 "trainer.fsdp_mixed_precision=true keeps float32 parameters and computes in bfloat16: "
@@ -86,6 +96,7 @@ class FSDPBackend:
         self.algo = algo
         self.model_path = model_path
         self.dtype = dtype
+        self.temperature = temperature  # rollout.temperature: the policy that sampled the batch
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
 
@@ -119,14 +130,20 @@ class FSDPBackend:
     # ------------------------------------------------------------------ training
 
     def _logprobs(self, samples: list[TrainSample], *, with_entropy: bool = False):
-        """This rank's micro-batch; an empty one runs a one-token forward (FSDP all-gathers are
-        collective) and returns [] with a zero `dummy` attached for the backward. With
+        """This rank's micro-batch; an empty one runs a two-token stand-in through the same path
+        (FSDP all-gathers and reduce-scatters are collective: every rank must touch the same
+        parameters) and returns [] with a zero `dummy` attached for the backward. With
         `with_entropy`, (log-probs, entropies) as token_logprobs returns them."""
         assert self.model is not None
+        kwargs = dict(
+            device=self.device, temperature=self.temperature, chunk_tokens=self.cfg.logprob_chunk_tokens
+        )
         if samples:
-            return token_logprobs(self.model, samples, device=self.device, with_entropy=with_entropy)
-        ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
-        self._dummy = self.model(input_ids=ids, use_cache=False).logits.float().sum() * 0.0
+            return token_logprobs(self.model, samples, with_entropy=with_entropy, **kwargs)
+        stand_in = TrainSample(
+            "", np.zeros(2, np.int64), 1, np.zeros(1, np.float32), np.zeros(1, np.int32), 0.0, 0.0
+        )
+        self._dummy = token_logprobs(self.model, [stand_in], **kwargs)[0].sum() * 0.0
         return ([], []) if with_entropy else []
 
     def train_step(self, batch: TrainBatch | None) -> dict[str, float]:

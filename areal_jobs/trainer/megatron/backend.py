@@ -12,8 +12,10 @@ One `train_step`:
      is already divided by the output-token count of the whole global batch (trainer/loss.py),
      so gradients are summed over micro-batches and DP ranks, never averaged; then clipping
      at `trainer.grad_clip` and one AdamW step of Megatron's distributed optimizer.
-Log-probs come from vocab-parallel logits through `vocab_parallel_cross_entropy`; the padded
-vocab columns are set to -inf first, so the softmax is over the HF vocab exactly.
+Log-probs and entropy: the last stage returns the final hidden states and megatron/head.py
+applies the output weight vocab-parallel, `trainer.logprob_chunk_tokens` output positions at a
+time, at `rollout.temperature`; the padded vocab columns are left out, so the softmax is over the
+HF vocab exactly.
 Packing: one row per micro-batch, its sequences' boundaries as THD PackedSeqParams for
 TransformerEngine's attention or, without TE, for our per-sequence core attention
 (megatron/attention.py, trainer.attention=varlen); trainer.attention=dense gives the local spec a
@@ -36,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import parallel_state
 from megatron.core.distributed import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
@@ -57,6 +59,7 @@ from areal_jobs.trainer.megatron import model as megatron_model
 from areal_jobs.trainer.megatron import weights as megatron_weights
 from areal_jobs.trainer.megatron.convert import ModelDims, ParamMap, param_maps
 from areal_jobs.trainer.megatron.dist import init_distributed
+from areal_jobs.trainer.megatron.head import OutputHead
 from areal_jobs.trainer.megatron.microbatch import MicroBatch, build_microbatch
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,8 @@ class MegatronBackend:
         algo: AlgoConfig,
         model_path: str,
         dtype: DType,
+        *,
+        temperature: float = 1.0,
     ) -> None:
         if dtype not in _TORCH_DTYPES:
             raise ValueError(
@@ -83,6 +88,7 @@ class MegatronBackend:
         self._algo = algo
         self._model_path = model_path
         self._dtype = _TORCH_DTYPES[dtype]
+        self._temperature = temperature  # rollout.temperature: the policy that sampled the batch
         self._num_global_tokens = 0.0
 
     # ------------------------------------------------------------------------------ setup
@@ -159,14 +165,14 @@ class MegatronBackend:
         )
         # {} = one group, weight decay on every parameter, as the torch backend's AdamW does
         self._optimizer = get_megatron_optimizer(opt_config, [self._ddp], config_overrides={})
-        self._pad_vocab_mask = self._padded_vocab_columns()
-
-    def _padded_vocab_columns(self) -> torch.Tensor | None:
-        """bool [Vp/tp]: this TP rank's logit columns beyond the HF vocab (None if none)."""
-        per_rank = self.dims.padded_vocab_size // self._cfg.tp_size
-        index = torch.arange(per_rank, device=self._device) + self._tp_rank * per_rank
-        pad = index >= self.dims.vocab_size
-        return pad if bool(pad.any()) else None
+        self._head = OutputHead(
+            self._gpt,
+            self.dims,
+            tp_size=cfg.tp_size,
+            tp_rank=self._tp_rank,
+            temperature=self._temperature,
+            chunk_tokens=cfg.logprob_chunk_tokens,
+        )
 
     # ------------------------------------------------------------------------------ training
 
@@ -218,6 +224,9 @@ class MegatronBackend:
         }
 
     def _run_schedule(self, microbatches: list[MicroBatch], loss_fn, *, forward_only: bool) -> list[dict]:
+        # bf16: the last stage's hidden states stay bf16 (Float16Module would upcast them to fp32)
+        extra = {} if self._dtype == torch.float32 else {"fp32_output": False}
+
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             output = model(
@@ -225,6 +234,7 @@ class MegatronBackend:
                 mb.position_ids,
                 mb.attention_mask,
                 packed_seq_params=mb.packed_seq_params,
+                **extra,
             )
             return output, partial(loss_fn, mb)
 
@@ -240,8 +250,9 @@ class MegatronBackend:
 
     @torch.no_grad()
     def full_logits(self, sequences: Sequence[np.ndarray]) -> torch.Tensor | None:
-        """Evaluation forward of packed sequences -> logits over the HF vocab [T, V] (float32),
-        on the last pipeline stage's ranks (None on the others). Collective over all ranks."""
+        """Evaluation forward of packed sequences -> untempered logits over the HF vocab [T, V]
+        (float32, the whole tensor: evaluation and tests only), on the last pipeline stage's
+        ranks (None on the others). Collective over all ranks."""
         samples = [
             TrainSample(
                 "",
@@ -254,14 +265,12 @@ class MegatronBackend:
             )
             for s in sequences
         ]
-        gather = tensor_parallel.gather_from_tensor_model_parallel_region
 
-        def keep_logits(mb: MicroBatch, logits: torch.Tensor):
-            full = gather(logits[0].float())[:, : self.dims.vocab_size]
+        def keep_logits(mb: MicroBatch, hidden: torch.Tensor):
             return (
-                logits.new_zeros(()),
+                hidden.new_zeros(()),
                 torch.tensor(0, dtype=torch.int),
-                {"logits": full},
+                {"logits": self._head.full_logits(hidden)},
             )
 
         outputs = self._run_schedule(
@@ -271,44 +280,16 @@ class MegatronBackend:
         )
         return outputs[0]["logits"] if outputs else None
 
-    def token_logprobs(self, logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
-        """logits [1, T, Vp/tp] (vocab-parallel) -> log-probs of the output tokens [n]."""
-        logits = logits[0].float()
-        if self._pad_vocab_mask is not None:
-            logits = logits.masked_fill(self._pad_vocab_mask, float("-inf"))
-        nll = tensor_parallel.vocab_parallel_cross_entropy(logits[:, None], mb.labels[:, None])
-        return -nll[:, 0].index_select(0, mb.out_index)
-
-    def _logp_loss(self, mb: MicroBatch, logits: torch.Tensor):
-        logp = self.token_logprobs(logits, mb)
+    def _logp_loss(self, mb: MicroBatch, hidden: torch.Tensor):
+        logp, _ = self._head.logprobs(hidden, mb)
         return (
-            logits.new_zeros(()),
+            hidden.new_zeros(()),
             torch.tensor(0, dtype=torch.int),
             {"logp": logp.detach()},
         )
 
-    @torch.no_grad()
-    def token_entropy(self, logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
-        """Entropy of the policy at the output positions [n], from vocab-parallel logits:
-        H = log Σ e^l - Σ e^l l / Σ e^l, each sum all-reduced over the TP group."""
-        if mb.out_index.numel() == 0:  # an empty micro-batch: its TP peers skip alike (same data)
-            return torch.zeros(0, device=logits.device)
-        local = logits[0].float().index_select(0, mb.out_index)  # [n, Vp/tp]
-        if self._pad_vocab_mask is not None:
-            local = local.masked_fill(self._pad_vocab_mask, float("-inf"))
-        group = parallel_state.get_tensor_model_parallel_group()
-        top = local.max(dim=-1).values
-        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-        shifted = local - top[:, None]
-        exp = shifted.exp()
-        sums = torch.stack([exp.sum(-1), (exp * shifted.masked_fill(exp == 0, 0.0)).sum(-1)])
-        dist.all_reduce(sums, group=group)
-        return sums[0].log() - sums[1] / sums[0]
-
-    def _ppo_loss(self, mb: MicroBatch, logits: torch.Tensor):
-        # entropy first: vocab_parallel_cross_entropy works in place on the logits it is given
-        entropy = self.token_entropy(logits, mb)
-        logp = self.token_logprobs(logits, mb)
+    def _ppo_loss(self, mb: MicroBatch, hidden: torch.Tensor):
+        logp, entropy = self._head.logprobs(hidden, mb)
         if mb.prox_logp is None:  # prox_logp=current: these are the pre-step weights' log-probs
             mb.prox_logp = logp.detach()
         loss, stats = ppo_loss(

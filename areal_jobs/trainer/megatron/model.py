@@ -122,16 +122,42 @@ def layer_spec(dims: ModelDims, *, use_te: bool) -> ModuleSpec:
     return spec
 
 
+class HiddenStateGPTModel(GPTModel):
+    """GPTModel whose last pipeline stage returns the final hidden states `[s, b, H]` (after the
+    final norm) instead of logits: the trainer applies the output layer's weight itself, a chunk
+    of tokens at a time (megatron/head.py), so `[s, V/tp]` float32 logits never exist.
+
+    The output layer is still built as Megatron builds it (its weight, or the tied embedding's;
+    under PP the last stage's copy of it that Megatron keeps in sync), so checkpoints, weight
+    loading and the embedding-group gradient reduction are untouched. The one override is
+    `_postprocess`, the step after the decoder that would apply that layer (earlier stages already
+    return their hidden states from it); multi-token prediction, which it would also run, is not
+    used here.
+    """
+
+    def _postprocess(self, hidden_states, **kwargs):
+        if self.config.mtp_num_layers:
+            raise ValueError("multi-token prediction layers are not supported by the trainer")
+        return hidden_states
+
+    def output_weight(self) -> torch.Tensor:
+        """`[Vp/tp, H]`: the weight GPTModel's own output layer would multiply by (last stage)."""
+        if self.share_embeddings_and_output_weights:
+            return self.shared_embedding_or_output_weight()
+        return self.output_layer.weight
+
+
 def build_gpt(dims: ModelDims, config: TransformerConfig, *, use_te: bool) -> GPTModel:
-    """This pipeline stage's GPTModel (model-parallel state must be initialised)."""
-    return GPTModel(
+    """This pipeline stage's GPTModel (model-parallel state must be initialised); the last stage
+    returns hidden states, not logits (HiddenStateGPTModel)."""
+    return HiddenStateGPTModel(
         config=config,
         transformer_layer_spec=layer_spec(dims, use_te=use_te),
         vocab_size=dims.padded_vocab_size,
         max_sequence_length=dims.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        parallel_output=True,  # logits stay vocab-parallel: log-probs use vocab_parallel_cross_entropy
+        parallel_output=True,  # the output weight stays vocab-parallel (megatron/head.py)
         share_embeddings_and_output_weights=dims.tied_embeddings,
         position_embedding_type="rope",
         rotary_percent=1.0,
