@@ -20,7 +20,11 @@ Run: `python -m bench.trainer_memory_bench [--quick]` or `python -m bench --only
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import fcntl
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -106,13 +110,38 @@ def available_bytes() -> int:
     return 0
 
 
+def point_env() -> dict[str, str]:
+    """glibc: every allocation above 64 KiB is its own mapping, returned to the kernel when freed,
+    so peak RSS measures live tensors, not the heap's reuse and fragmentation."""
+    return dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="2")
+
+
+@contextlib.contextmanager
+def point_lock():
+    """On a shared machine (TRAINER_MEMORY_LOCK=<file>), each point holds that flock(2) lock while
+    it runs, so other heavy jobs interleave between points instead of beside them."""
+    path = os.environ.get("TRAINER_MEMORY_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run_point(backend: str, mode: str, tokens: int, model_dir: str, threads: int = 2) -> dict:
     cmd = [
         sys.executable, "-m", "bench.trainer_memory_point", "--backend", backend,
         "--tokens", str(tokens), "--model", model_dir, "--threads", str(threads),
     ]  # fmt: skip
     cmd += [f"--set={key}={value}" for key, value in MODES[mode].items()]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=POINT_TIMEOUT_S)
+    with point_lock():
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=point_env(), capture_output=True, text=True, timeout=POINT_TIMEOUT_S
+        )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{backend} {mode} {tokens}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
@@ -124,26 +153,37 @@ def _key(backend: str, mode: str, tokens: int) -> str:
 
 
 def run(quick: bool = False) -> dict[str, float]:
+    """Every point of the section (quick: three 1,024-token points, run side by side)."""
     points = QUICK_POINTS if quick else FULL_POINTS
     metrics: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="trainer_memory_") as tmp:
         model_dir = str(build_model(Path(tmp) / "model"))
+        chosen = []
         for backend, mode, tokens in points:
             key = _key(backend, mode, tokens)
             predicted, _ = predicted_bytes(backend, mode, tokens)
             metrics[f"{key}_predicted_gib"] = predicted / GIB
             if predicted > SKIP_ABOVE_BYTES or predicted > available_bytes() - HEADROOM_BYTES:
                 metrics[f"{key}_skipped"] = 1.0
-                print(f"[trainer_memory] {key}: skipped (predicted {predicted / GIB:.1f} GiB)", file=sys.stderr)
-                continue
-            result = run_point(backend, mode, tokens, model_dir)
-            metrics.update(_point_metrics(key, result, predicted, tokens))
-            print(
-                f"[trainer_memory] {key}: {result['peak_bytes'] / GIB:.2f} GiB "
-                f"(predicted {predicted / GIB:.2f}), {result['tokens_per_s']:.0f} tokens/s",
-                file=sys.stderr,
-                flush=True,
-            )
+                print(
+                    f"[trainer_memory] {key}: skipped (predicted {predicted / GIB:.1f} GiB)", file=sys.stderr
+                )
+            else:
+                chosen.append((backend, mode, tokens, predicted))
+        workers = len(chosen) if quick else 1  # the full points run one at a time: each takes the machine
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futures = {pool.submit(run_point, b, m, t, model_dir): (b, m, t, p) for b, m, t, p in chosen}
+            for future in concurrent.futures.as_completed(futures):
+                backend, mode, tokens, predicted = futures[future]
+                result = future.result()
+                key = _key(backend, mode, tokens)
+                metrics.update(_point_metrics(key, result, predicted, tokens))
+                print(
+                    f"[trainer_memory] {key}: {result['peak_bytes'] / GIB:.2f} GiB "
+                    f"(predicted {predicted / GIB:.2f}), {result['tokens_per_s']:.0f} tokens/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     metrics.update(_slopes(metrics, points))
     return metrics
 
@@ -156,7 +196,9 @@ def _point_metrics(key: str, result: dict, predicted: int, tokens: int) -> dict[
     tt = any(t["bytes"] >= tokens * tokens * 4 for t in float32)
     return {
         f"{key}_peak_gib": result["peak_bytes"] / GIB,
-        f"{key}_step_peak_gib": (result["peak_bytes"] + result["baseline_rss_bytes"] - result["step_start_rss_bytes"])
+        f"{key}_step_peak_gib": (
+            result["peak_bytes"] + result["baseline_rss_bytes"] - result["step_start_rss_bytes"]
+        )
         / GIB,
         f"{key}_predicted_over_measured": predicted / result["peak_bytes"],
         f"{key}_tokens_per_s": result["tokens_per_s"],
@@ -173,7 +215,10 @@ def _slopes(metrics: dict[str, float], points: list[tuple[str, str, int]]) -> di
         measured = [t for t in sizes if f"{_key(backend, 'after', t)}_peak_gib" in metrics]
         if len(measured) >= 2:
             lo, hi = measured[-2], measured[-1]
-            rise = metrics[f"{_key(backend, 'after', hi)}_peak_gib"] - metrics[f"{_key(backend, 'after', lo)}_peak_gib"]
+            rise = (
+                metrics[f"{_key(backend, 'after', hi)}_peak_gib"]
+                - metrics[f"{_key(backend, 'after', lo)}_peak_gib"]
+            )
             out[f"trainer_memory/{backend}_after_bytes_per_token"] = rise * GIB / (hi - lo)
     return out
 
@@ -206,7 +251,13 @@ def table(metrics: dict[str, float]) -> str:
         )
     slopes = {k: v for k, v in metrics.items() if k.endswith("_after_bytes_per_token")}
     if slopes:
-        lines += ["", "after: " + ", ".join(f"{k.split('/')[1].split('_')[0]} {v / 1e3:,.0f} kB/token" for k, v in slopes.items())]
+        lines += [
+            "",
+            "after: "
+            + ", ".join(
+                f"{k.split('/')[1].split('_')[0]} {v / 1e3:,.0f} kB/token" for k, v in slopes.items()
+            ),
+        ]
     return "\n".join(lines)
 
 

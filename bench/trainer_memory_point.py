@@ -2,11 +2,15 @@
 
     python -m bench.trainer_memory_point --backend torch --tokens 8192 --model DIR [--set key=value ...]
 
-Prints one JSON object. The process imports torch and the backend's stack first and records its
-resident set (the baseline); then it builds the backend, takes a small warm-up step (gradients and
-Adam state exist from then on, as in every later step of a run), resets the kernel's peak-RSS mark
-(`/proc/self/clear_refs`), and takes one step of `--tokens` tokens in one micro-batch. Peak =
-VmHWM - baseline: everything the model, its optimiser and the step hold at the worst moment.
+Prints one JSON object. The process first builds and steps a throwaway 1-layer model of the same
+architecture on the same backend, so every module the backend imports lazily is loaded, frees it
+and records its resident set (the baseline); then it builds the backend, takes a small warm-up step
+(gradients and Adam state exist from then on, as in every later step of a run), resets the
+kernel's peak-RSS mark (`/proc/self/clear_refs`), and takes one step of `--tokens` tokens in one
+micro-batch. Peak = VmHWM - baseline: everything the model, its optimiser and the step hold at the
+worst moment. The bench runs this process with glibc's mmap threshold fixed at 64 KiB
+(MALLOC_MMAP_THRESHOLD_), so every tensor's memory returns to the kernel when it is freed and RSS
+follows the live tensors (otherwise the heap keeps what it reused and fragmented).
 During the measured step a dispatch mode records the largest tensors created (shape, dtype,
 bytes), which shows whether a [T, V] or [T, T] tensor exists.
 """
@@ -145,15 +149,37 @@ def _typed(trainer, overrides: dict) -> dict:
     return out
 
 
+def warm_up_imports(kind: str, model_dir: str, tokens: int, overrides: dict) -> None:
+    """Set up and step a 1-layer, 64-token-vocabulary copy of the model on the same backend, then
+    free it: what the backend imports on first use belongs to the process, not to the step."""
+    import gc
+    import tempfile
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config.update(num_hidden_layers=1, vocab_size=64, hidden_size=32, intermediate_size=64)
+    config.pop("layer_types", None)
+    with tempfile.TemporaryDirectory(prefix="warm_") as tmp:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(**config)).save_pretrained(tmp)
+        _, backend = build_backend(kind, tmp, tokens, overrides)
+        backend.setup()
+        backend.train_step(make_batch(WARMUP_TOKENS, 64, seed=2))
+        del backend
+    gc.collect()
+
+
 def measure(kind: str, model_dir: str, tokens: int, overrides: dict, threads: int) -> dict:
+    import ctypes
+    import gc
+
     import torch
 
     torch.set_num_threads(threads)
-    import transformers  # noqa: F401 - part of the baseline, not of the step
-
-    if kind == "megatron":
-        import megatron.core  # noqa: F401
+    warm_up_imports(kind, model_dir, tokens, overrides)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     baseline = rss_bytes()
     trainer, backend = build_backend(kind, model_dir, tokens, overrides)
     backend.setup()

@@ -53,7 +53,9 @@ def sglang_default_mem_fraction(gpu_memory_gib: float, tp_size: int, pp_size: in
     else:
         chunked, graph_bs = 16384, 512
     prefill_graphs = len(_prefill_graph_sizes(chunked))
-    reserved = 512 + 1.5 * max(chunked, 2048) + tp_size * pp_size / 8 * 1024 + 2 * graph_bs + 8 * prefill_graphs
+    reserved = (
+        512 + 1.5 * max(chunked, 2048) + tp_size * pp_size / 8 * 1024 + 2 * graph_bs + 8 * prefill_graphs
+    )
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((gpu_mib - reserved) / gpu_mib, 3)

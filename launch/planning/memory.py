@@ -181,22 +181,37 @@ def _fsdp_gather(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, s
 
 def layer_activation_bytes(shape: ModelShape, x: TrainerMemoryInputs) -> dict[str, float]:
     """Bytes per token one decoder layer saves for backward with recompute=none, split into the
-    core attention's own (output, log-sum-exp) and the rest. Counted from the autograd graph of
-    each backend's layer (docs/memory.md): H hidden, F intermediate, heads n_q / n_kv of width d,
-    e = compute bytes; TP splits everything but the hidden-size tensors."""
+    core attention's own (its output and float32 log-sum-exp, which selective recompute drops)
+    and the rest. Counted from each backend's autograd graph (docs/memory.md): H hidden, F
+    intermediate, q / kv the query / key-value widths (heads x head_dim), e compute bytes; TP
+    splits everything but the hidden-size tensors."""
     h, f, e, tp = shape.hidden_size, shape.intermediate_size, x.compute_bytes, x.tp
     q, kv = shape.num_heads * shape.head_dim / tp, shape.num_kv_heads * shape.head_dim / tp
-    core = e * q + 4 * shape.num_heads / tp  # attention output + float32 log-sum-exp
+    core = e * q + 4 * shape.num_heads / tp
     if x.backend is TrainerBackend.megatron:
-        # norm inputs (2H), qkv and fc1 inputs (2H), roped q and k + v, proj input (copy of the
-        # core output), fc1 output (2F), silu(gate) (F), fc2 input (F); dropout masks (p=0) 2H bytes
-        rest = e * (4 * h + q + 2 * kv + q + 4 * f / tp) + 2 * h + 8
+        # two RMSNorms (input, normalised, output: 3H each), the fused qkv buffer (kept by the v
+        # view), the roped q and k and the cos/sin each RoPE multiplication keeps (4 x head_dim),
+        # the projection's input, fc1's output (2F, kept by the GLU's chunk views), silu(gate),
+        # the GLU's `x_linear + glu_linear_offset` (a copy even at offset 0) and the fc2 input
+        rope = 4 * shape.head_dim
+        rest = e * (6 * h + (q + 2 * kv) + (q + kv) + rope + q + 5 * f / tp) + 8
     else:
-        # HF RMSNorm keeps its float32 input and its normalised output (twice per layer); q, k, v
-        # after RoPE (K/V repeated to n_q heads for GQA), o_proj input, gate/silu/up/product (4F)
-        norms = 2 * (4 * h + e * h) if e < 4 else 2 * 8 * h
-        rest = norms + e * (q + 2 * q + q + 4 * f)
+        # two HF RMSNorms: float32 input, normalised and output (12H in float32; 16H per layer in
+        # bf16: a float32 copy and two bf16 tensors each); roped q and k and v (dense: k and v
+        # repeated to every query head by transformers' sdpa path), o_proj's input, and the MLP's
+        # gate, silu(gate), up and product
+        norms = 24 * h if e == 4 else 16 * h
+        keys = 2 * q if x.attention == "dense" else 2 * kv
+        rest = norms + e * (q + keys + q + 4 * f)
     return {"core": core, "rest": rest}
+
+
+def final_norm_bytes(shape: ModelShape, x: TrainerMemoryInputs) -> int:
+    """Per token, the final RMSNorm's saved tensors (its output feeds the LM head); HF models
+    also keep one cos/sin pair for every layer's RoPE."""
+    if x.backend is TrainerBackend.megatron:
+        return 3 * shape.hidden_size * x.compute_bytes
+    return shape.hidden_size * (12 if x.compute_bytes == 4 else 8) + 2 * shape.head_dim * x.compute_bytes
 
 
 def _activations(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]:
@@ -204,7 +219,7 @@ def _activations(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, s
     full_layer = per_layer["core"] + per_layer["rest"]
     # 1F1B: the first stage holds PP micro-batches in flight, each of L/PP layers: L layers' worth
     layers = -(-shape.num_layers // x.pp) * x.pp
-    tail = shape.hidden_size * (8 if x.compute_bytes == 4 else 6)  # final norm (its input, output)
+    tail = final_norm_bytes(shape, x)
     if x.recompute == "none":
         per_token = layers * full_layer + tail
         how = f"{layers} layers x {full_layer / 1024:.1f} KiB/token"
@@ -220,35 +235,39 @@ def _activations(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, s
 def _logprobs(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]:
     vocab = padded_vocab(shape.vocab_size, x.vocab_multiple) // x.tp
     n, e = x.scored_tokens, x.compute_bytes
-    cast = 0.5 if e == 2 else 0.0  # the head's bf16 output before its float32 copy
     rows = n * shape.hidden_size * e  # the scored positions' hidden states, gathered for the head
     if x.logprob_chunk_tokens == 0:
         if x.backend is TrainerBackend.megatron:
-            # every position's float32 logits (softmax saved in place by vocab_parallel_cross_entropy)
-            # plus the entropy's float32 temporaries over the scored rows
-            copies = (1 + cast) * x.tokens + FULL_VOCAB_ENTROPY_COPIES * n
+            # every position's float32 logits (vocab_parallel_cross_entropy keeps its softmax in
+            # them) and the entropy's float32 temporaries over the scored rows
+            copies = x.tokens + FULL_VOCAB_ENTROPY_COPIES * n
         else:
-            copies = (FULL_VOCAB_COPIES + cast) * n
-        return ("log-probs", int(copies * vocab * 4) + rows, f"full vocabulary: [T, V] float32 x {copies / n:.1f}")
+            copies = FULL_VOCAB_COPIES * n
+        how = f"full vocabulary: [T, {vocab:,}] float32 x {copies / x.tokens:.1f}"
+        return ("log-probs", int(copies * vocab * 4) + rows, how)
     chunk = min(x.logprob_chunk_tokens, n)
-    head_grad = vocab * shape.hidden_size * (4 + (2 if e == 2 else 0))  # float32 accumulator (+ bf16 temp)
-    size = int((CHUNK_COPIES + cast) * chunk * vocab * 4) + head_grad + rows
-    return ("log-probs", size, f"chunks of {chunk:,} tokens: [{chunk}, {vocab:,}] float32 x {CHUNK_COPIES + cast:g}")
+    # the weight gradient accumulates in float32 (+ a bf16 product per chunk for bf16 weights)
+    head_grad = vocab * shape.hidden_size * (4 + (2 if e == 2 else 0))
+    size = int(CHUNK_COPIES * chunk * vocab * 4) + head_grad + rows
+    return (
+        "log-probs",
+        size,
+        f"chunks of {chunk:,} tokens: [{chunk:,}, {vocab:,}] float32 x {CHUNK_COPIES:g}",
+    )
 
 
 def _attention(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]:
     if x.attention == "varlen":
         return ("attention", 0, "varlen: per-sequence kernels, no [T, T] tensor")
     layers = -(-shape.num_layers // x.pp) * x.pp
-    # the bool block mask, and per layer the mask the kernel takes (a float bias in the compute
-    # dtype) and keeps for its backward
-    size = x.tokens * x.tokens * (1 + layers * DENSE_MASK_BYTES_PER_LAYER * x.compute_bytes / 4)
+    # the bool block mask, and per layer the additive mask SDPA converts it to (compute dtype),
+    # which the fused kernel keeps for its backward
+    size = x.tokens * x.tokens * (1 + layers * x.compute_bytes)
     return ("attention", int(size), f"dense: [T, T] mask + {layers} per-layer copies")
 
 
-# Calibrated against the CPU bench (bench/README.md "trainer_memory"), float32 [rows, V] copies
-# alive at the peak of each log-prob path, and the dense mask's per-layer bytes per element.
+# float32 [rows, V] copies alive at the peak of each log-prob path (trainer/logprobs.py,
+# megatron/head.py), checked by the CPU bench (bench/README.md "trainer_memory")
 FULL_VOCAB_COPIES = 4.0  # logits, log-softmax, exp and exp*logp of the entropy (torch/FSDP2)
 FULL_VOCAB_ENTROPY_COPIES = 5.25  # index_select, shifted, exp, masked, product + bool (Megatron)
 CHUNK_COPIES = 2.0  # a chunk's logits and exp (forward) / log-probs and probabilities (backward)
-DENSE_MASK_BYTES_PER_LAYER = 4.0  # a float32 additive mask per layer, scaled by compute bytes / 4

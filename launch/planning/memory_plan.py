@@ -231,4 +231,3 @@ def unknown_shape_note(job: JobConfig) -> str:
         f"memory: not checked: no config.json at model.path={where} and no model.shape; set "
         f"model.shape to one of {sorted(NAMED_SHAPES)} (or point model.path at the model) to check it"
     )
-

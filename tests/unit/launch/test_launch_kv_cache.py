@@ -92,7 +92,9 @@ def test_vllm_gets_its_utilisation_less_weights_and_overhead_and_its_sequence_ca
     plan = kv_cache_plan(job(RolloutEngine.vllm, tp=2), named_shape("qwen2_7b"), num_servers=8)
     weights = named_shape("qwen2_7b").num_params() * 2 // 2
     assert plan.static_fraction == VLLM_GPU_MEMORY_UTILIZATION
-    assert plan.kv_bytes_per_gpu == int(VLLM_GPU_MEMORY_UTILIZATION * 80 * GIB) - weights - VLLM_OVERHEAD_BYTES
+    assert (
+        plan.kv_bytes_per_gpu == int(VLLM_GPU_MEMORY_UTILIZATION * 80 * GIB) - weights - VLLM_OVERHEAD_BYTES
+    )
     assert plan.max_requests == VLLM_MAX_NUM_SEQS
     assert plan.concurrency == 2048 and not plan.fits and plan.holds_at_mean <= VLLM_MAX_NUM_SEQS
 

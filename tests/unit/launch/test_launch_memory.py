@@ -66,10 +66,11 @@ def test_torch_backend_small_shape_by_hand() -> None:
     assert got["parameters"] == 2024 * 4
     assert got["gradients"] == 2024 * 4
     assert got["optimizer"] == 2024 * 8  # AdamW m, v in float32
-    # per layer and token, float32: two HF RMSNorms keep float32 input + output (2 x 8 x 8 = 128);
-    # q, repeated k and v, o_proj input (4 x 8) and gate/silu/up/product (4 x 16): 4 x 96 = 384;
-    # the core's output (8 x 4) and log-sum-exp (2 heads x 4): 40. 552 x 2 layers + final norm 64.
-    assert got["activations"] == (2 * 552 + 64) * 64
+    # per layer and token, float32: two HF RMSNorms keep input, normalised and output (2 x 12 x 8 =
+    # 192); q, k and v after RoPE (8 + 4 + 4), o_proj input (8) and gate/silu/up/product (4 x 16):
+    # 4 x 88 = 352; the core's output (4 x 8) and log-sum-exp (2 heads x 4): 40. 584 per layer,
+    # x 2 layers, + the final norm's 12 x 8 and the shared RoPE cos/sin (2 x 4 x 4)
+    assert got["activations"] == (2 * 584 + 96 + 32) * 64
     # chunks of 16 of the 48 scored tokens: 2 float32 [16, 100] copies, the head-weight gradient
     # accumulator 100 x 8 x 4 and the gathered hidden rows 48 x 8 x 4
     assert got["log-probs"] == 2 * 16 * 100 * 4 + 100 * 8 * 4 + 48 * 8 * 4
@@ -82,11 +83,13 @@ def test_full_vocabulary_and_dense_paths_by_hand() -> None:
     got = parts(trainer_memory(SMALL, x))
     assert got["log-probs"] == 4 * 48 * 100 * 4 + 48 * 8 * 4  # logits, log-softmax, exp, exp*logp
     assert got["attention"] == 64 * 64 * (1 + 2 * 4)  # bool mask + a float32 mask per layer
+    # dense: transformers repeats k and v to both query heads (8 + 8 instead of 4 + 4)
+    assert got["activations"] == (2 * (584 + 4 * 8) + 128) * 64
 
 
 def test_recompute_full_keeps_layer_inputs_and_one_layer() -> None:
     full = parts(trainer_memory(SMALL, inputs(TrainerBackend.torch, recompute="full")))
-    assert full["activations"] == (2 * 8 * 4 + 552 + 64) * 64
+    assert full["activations"] == (2 * 8 * 4 + 584 + 128) * 64
 
 
 def test_megatron_bf16_tp2_dp4_by_hand() -> None:
@@ -97,11 +100,12 @@ def test_megatron_bf16_tp2_dp4_by_hand() -> None:
     assert got["parameters"] == params * 2
     assert got["gradients"] == params * 4  # float32 grad buffer
     assert got["optimizer"] == params * 12 // 4  # main params + m + v, sharded over DP 4
-    # per layer: e (4H + q + 2kv + q + 4F/tp) + 2H + 8 with q = 4, kv = 2: 2 x 76 + 24 = 176,
-    # core: 2 x 4 + 4 x 2 / 2 = 12; final norm 6 x 8
-    assert got["activations"] == (2 * (176 + 12) + 48) * 64
-    chunk = 16 * 64 * 4 * 2.5  # [16, 64] float32 x 2 + the bf16 head output
-    assert got["log-probs"] == int(chunk) + 64 * 8 * 6 + 48 * 8 * 2
+    # per layer: e (6H + qkv buffer (q + 2kv) + roped q, k (q + kv) + RoPE cos/sin (4 x 4) + proj
+    # input q + 5F/tp) + 8 rstd bytes, with q = 4, kv = 2 per TP rank: 2 x 122 + 8 = 252; core:
+    # 2 x 4 + 4 x 2 / 2 = 12; the final norm 3 x 8 x 2
+    assert got["activations"] == (2 * (252 + 12) + 48) * 64
+    # [16, 64] float32 x 2, the head gradient (float32 + bf16) and the gathered bf16 rows
+    assert got["log-probs"] == 2 * 16 * 64 * 4 + 64 * 8 * 6 + 48 * 8 * 2
 
 
 def test_fsdp_shards_params_grads_and_optimizer_and_gathers_units() -> None:
@@ -145,7 +149,9 @@ def flagship(**trainer) -> JobConfig:
         algo=AlgoConfig(batch_size=64, group_size=8),
         rollout=RolloutConfig(max_new_tokens=16384, max_concurrent=512),
         trainer=TrainerConfig(**{**fields, **trainer}),
-        cluster=ClusterConfig(kind=ClusterKind.slurm, nodes=2, rollout_fraction="0.5", workdir="/w", python="python"),
+        cluster=ClusterConfig(
+            kind=ClusterKind.slurm, nodes=2, rollout_fraction="0.5", workdir="/w", python="python"
+        ),
     )
 
 
@@ -194,7 +200,9 @@ def test_a_fitting_plan_prints_one_block_with_every_part() -> None:
 
 
 def test_memory_shares_for_a_colocated_gpu() -> None:
-    job, plan = planned(with_cluster(flagship(recompute=Recompute.full), nodes=1, placement=Placement.colocated))
+    job, plan = planned(
+        with_cluster(flagship(recompute=Recompute.full), nodes=1, placement=Placement.colocated)
+    )
     shares = memory_shares(job, plan)
     assert shares.shared_gpu
     # the server's static share is what the trainer rank leaves of the usable memory
