@@ -228,3 +228,22 @@ def test_every_committed_experiment_fits(experiment: str) -> None:
     assert prepared.memory is not None, "a committed experiment names its model.shape"
     assert prepared.memory.trainer_fits
     assert prepared.memory.kv.fits, prepared.memory.kv.describe()
+
+
+def test_launch_local_checks_memory_only_where_a_gpu_is_visible(monkeypatch, capsys) -> None:
+    from launch.run import local
+
+    big = dataclasses.replace(
+        flagship(), cluster=ClusterConfig(kind=ClusterKind.local, gpus_per_node=1, gpu_memory_gib=80)
+    )
+    monkeypatch.setattr(local, "gpu_visible", lambda: False)
+    local.check_local_memory(big)  # CPU: nothing to divide, nothing printed
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(local, "gpu_visible", lambda: True)
+    with pytest.raises(SystemExit, match="invalid configuration: a trainer rank needs"):
+        local.check_local_memory(big)
+    small = dataclasses.replace(big, trainer=dataclasses.replace(big.trainer, max_tokens_per_microbatch=1024))
+    local.check_local_memory(small)
+    out = capsys.readouterr().out
+    assert "trainer memory per rank (megatron TP 1 x PP 1 x DP 1" in out
+    assert "less the colocated server's weights" in out  # launch.local's servers share the GPU
