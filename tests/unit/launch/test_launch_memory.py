@@ -247,3 +247,24 @@ def test_launch_local_checks_memory_only_where_a_gpu_is_visible(monkeypatch, cap
     out = capsys.readouterr().out
     assert "trainer memory per rank (megatron TP 1 x PP 1 x DP 1" in out
     assert "less the colocated server's weights" in out  # launch.local's servers share the GPU
+
+
+def test_auto_fraction_only_weighs_splits_whose_trainer_fits() -> None:
+    """4 nodes x 1 GPU: 3 rollout nodes leave DP 1, whose unsharded Adam state (20 GiB for 1.78B
+    parameters) does not fit a 40 GiB GPU; on an 80 GiB GPU it does and competes."""
+    from launch.planning.allocation import resolve_rollout_fraction
+
+    def job(gpu_gib: float) -> JobConfig:
+        return dataclasses.replace(
+            flagship(max_tokens_per_microbatch=2048),
+            rollout=RolloutConfig(max_new_tokens=1024, max_concurrent=64),
+            cluster=ClusterConfig(
+                kind=ClusterKind.slurm, nodes=4, gpus_per_node=1, rollout_fraction="auto",
+                placement=Placement.nodes, gpu_memory_gib=gpu_gib, workdir="/w", python="python",
+            ),
+        )  # fmt: skip
+
+    _, small = resolve_rollout_fraction(job(40))
+    _, large = resolve_rollout_fraction(job(80))
+    assert 3 not in {c.rollout_nodes for c in small.candidates}
+    assert 3 in {c.rollout_nodes for c in large.candidates}
