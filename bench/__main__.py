@@ -9,7 +9,8 @@ packing, controller (ceiling + ZeroMQ), weight_sync, pause (abort / in_place / d
 reward_overhead (rewards on vs off), e2e (async per pause mode vs sync vs colocated sync, 3 interleaved
 rounds: medians and spreads, per-step breakdown, load), reward (rewards/s),
 sandbox (code rewards/s by sandbox mode: root netns vs unprivileged userns),
-trainer (torch vs Megatron tokens/s). The sections that need an SGLang server share one (2 threads),
+trainer (torch vs Megatron tokens/s), trainer_memory (peak memory and tokens/s at 2k-32k tokens
+per micro-batch, before/after, beside the planner's memory model). The sections that need an SGLang server share one (2 threads),
 started once and stopped before the end-to-end runs start their own processes.
 Writes bench/results.json (metrics, per-section wall time and load average, machine) and prints
 one markdown headline table plus a table per section. A failing section is reported, the others
@@ -50,6 +51,8 @@ SECTIONS: list[tuple[str, str, bool]] = [
     ("reward", "bench.reward_bench", False),
     ("sandbox", "bench.sandbox_bench", False),  # code rewards/s: netns (root) vs userns (as nobody)
     ("trainer", "bench.trainer_bench", False),
+    # peak memory and tokens/s per micro-batch size, before/after, beside the memory model (issue 25)
+    ("trainer_memory", "bench.trainer_memory_bench", False),
     ("engine", "bench.engine_bench", False),  # SGLang vs vLLM: starts each engine itself, one at a time
 ]
 

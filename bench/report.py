@@ -57,6 +57,18 @@ HEADLINE: list[tuple[str, str, str, str]] = [
     ("reward", "reward/code_per_s", "rewards/s: code (sandboxed)", "{:,.1f}"),
     ("trainer", "trainer/torch_tokens_per_s", "trainer tokens/s: torch backend", "{:,.0f}"),
     ("trainer", "trainer/megatron_tokens_per_s", "trainer tokens/s: Megatron (CPU, TP=1)", "{:,.0f}"),
+    (
+        "trainer_memory",
+        "trainer_memory/megatron_after_32k_peak_gib",
+        "Megatron step peak at 32k tokens/micro-batch, vocab 152k (CPU): GiB",
+        "{:.2f}",
+    ),
+    (
+        "trainer_memory",
+        "trainer_memory/megatron_after_bytes_per_token",
+        "Megatron step peak per token, 8k -> 32k (CPU): bytes",
+        "{:,.0f}",
+    ),
 ]
 
 
@@ -128,6 +140,10 @@ def markdown(results: dict) -> str:
     parts = [head, headline_table(results)]
     if "e2e" in results.get("sections", {}):
         parts.append(e2e_tables(results["sections"]["e2e"]))
+    if "trainer_memory" in results.get("sections", {}):
+        from bench.trainer_memory_bench import table
+
+        parts.append(table(results["sections"]["trainer_memory"]))
     for name, metrics in results.get("sections", {}).items():
         parts.append(section_table(name, metrics))
     return "\n\n".join(parts) + "\n"

@@ -36,6 +36,9 @@ class ClusterConfig:
     kind: ClusterKind = ClusterKind.local
     nodes: int = 1  # total nodes of the heterogeneous job (rollout + trainer)
     gpus_per_node: int = 8  # GPUs requested on every node (--gres=gpu:N)
+    # memory of one GPU (H800 / H100: 80): the planner refuses a trainer that does not fit it and
+    # sizes the rollout servers' KV cache from it (launch/planning/memory_plan.py, docs/memory.md)
+    gpu_memory_gib: float = 80.0
     # share of nodes that run rollout servers (rounded down), or "auto": launch.plan_allocation
     # simulates the job under `allocation_profile` and picks the split with the highest throughput.
     # A string so that "auto" is accepted; numbers are normalised and checked in __post_init__.
@@ -72,6 +75,8 @@ class ClusterConfig:
             raise ValueError("cluster.nodes must be >= 1")
         if self.gpus_per_node < 1:
             raise ValueError("cluster.gpus_per_node must be >= 1")
+        if self.gpu_memory_gib <= 0:
+            raise ValueError("cluster.gpu_memory_gib must be > 0 (memory of one GPU, e.g. 80 for H800/H100)")
         self.rollout_fraction = _fraction_text(self.rollout_fraction)
         if self.servers_per_node < 0:
             raise ValueError("cluster.servers_per_node must be >= 0 (0 = gpus_per_node / rollout.tp_size)")

@@ -28,6 +28,9 @@ class ModelConfig:
     dtype: DType = DType.float32  # parameter dtype in trainer and rollout servers
     builtin_dir: str = "areal_jobs/data/builtin_model"  # the committed warm start; another dir builds one
     builtin_sft_steps: int = 2000  # phase-1 warm-start steps (a different value needs another builtin_dir)
+    # the planner's memory check reads model.path's config.json; where that directory is not on the
+    # submitting machine, a named shape stands in (launch/planning/model_shape.py), e.g. qwen2_1p5b
+    shape: str = ""
 
     def __post_init__(self) -> None:
         if self.builtin_sft_steps < 0:

@@ -13,7 +13,8 @@ sixteenths, then single-node steps uphill from the best one.
 
 With `cluster.rollout_fraction=auto`, launch.submit calls `resolve_auto_fraction(job)`: the profile
 `cluster.allocation_profile` supplies the hardware speeds and the length distribution, the job
-supplies the cluster size and algo/rollout settings, and only layouts launch.planning.plan accepts compete.
+supplies the cluster size and algo/rollout settings, and only layouts launch.planning.plan accepts
+and whose trainer rank fits its GPU (launch/planning/memory_plan.py) compete.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from areal_jobs.config import JobConfig
-from launch.planning.plan import plan_job
+from launch.planning.memory_plan import check_memory
+from launch.planning.plan import apply_plan, plan_job
 from launch.planning.sim.engine import SimResult, run_async
 from launch.planning.sim.profile import SimProfile, load_profile
 
@@ -172,9 +174,13 @@ def resolve_rollout_fraction(job: JobConfig) -> tuple[float, AllocationChoice]:
     """The fraction for `cluster.rollout_fraction=auto`, among layouts launch.planning.plan accepts."""
 
     def valid(rollout_nodes: int) -> bool:
+        """The planner accepts the layout and a trainer rank fits its GPU (fewer trainer GPUs
+        shard the optimizer over fewer ranks: launch/planning/memory_plan.py)."""
         cluster = dataclasses.replace(job.cluster, rollout_fraction=str(rollout_nodes / job.cluster.nodes))
+        candidate = dataclasses.replace(job, cluster=cluster)
         try:
-            plan_job(dataclasses.replace(job, cluster=cluster))
+            plan = plan_job(candidate)
+            check_memory(apply_plan(candidate, plan), plan)
         except ValueError:
             return False
         return True

@@ -40,6 +40,7 @@ from areal_jobs.config import (
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import read_jsonl
 from areal_jobs.report import final_line, length_table
+from launch.planning.memory_plan import check_memory, local_layout
 from launch.planning.placement import colocated_schedule
 from launch.run.elastic import SCALE_FILE, ServerSet
 from launch.run.replanner import Replanner, local_replanner
@@ -93,6 +94,24 @@ def ensure_model(cfg: JobConfig) -> None:
     from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
 
     build_builtin_model(Path(cfg.model.builtin_dir), TinyRecipe(sft_steps=cfg.model.builtin_sft_steps))
+
+
+def gpu_visible() -> bool:
+    """A CUDA device this run's processes would use (checked without importing torch)."""
+    return Path("/dev/nvidia0").exists() and os.environ.get("CUDA_VISIBLE_DEVICES", "0") != ""
+
+
+def check_local_memory(cfg: JobConfig) -> None:
+    """On a machine with GPUs, the planner's memory check (launch/planning/memory_plan.py): the
+    trainer ranks and the servers share them. On CPU there is nothing to divide."""
+    if not gpu_visible():
+        return
+    try:
+        report = check_memory(cfg, local_layout(cfg))
+    except ValueError as exc:
+        raise SystemExit(f"invalid configuration: {exc}") from None
+    if report is not None:
+        print(report.describe(), flush=True)
 
 
 def print_first_prompt(cfg: JobConfig) -> None:
@@ -178,6 +197,7 @@ def launch(cfg: JobConfig) -> int:
     if prepare_run_dir(run_dir, cfg.checkpoint.resume):
         logger.info("resuming %s from its last checkpoint", run_dir)
     ensure_model(cfg)
+    check_local_memory(cfg)
     print_first_prompt(cfg)
     config_path = run_dir / "config.yaml"
     save_job_config(cfg, config_path)

@@ -31,6 +31,7 @@ from areal_jobs.config import (
     to_job_config,
 )
 from launch.planning.allocation import resolve_auto_fraction
+from launch.planning.memory_plan import MemoryPlan, check_memory, unknown_shape_note
 from launch.planning.plan import AllocationPlan, apply_plan, plan_job
 from launch.slurm.cli import Slurm, SlurmCli, SlurmError
 from launch.slurm.render import render_sbatch, run_dir_of
@@ -43,14 +44,20 @@ class PreparedJob:
     job: JobConfig
     plan: AllocationPlan
     script: str
+    memory: MemoryPlan | None = None  # None: the model's shape is unknown (not checked)
 
     @property
     def run_dir(self) -> Path:
         return Path(run_dir_of(self.job))
 
+    def memory_text(self) -> str:
+        """The per-rank trainer breakdown and the servers' KV cache (launch/planning/memory_plan.py)."""
+        return self.memory.describe() if self.memory is not None else unknown_shape_note(self.job)
+
 
 def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> PreparedJob:
-    """Pure: fill the submission-time defaults, plan the layout and render the script."""
+    """Pure: fill the submission-time defaults, plan the layout, check that the trainer fits its
+    GPUs (cluster.gpu_memory_gib; a ValueError names overrides that fit) and render the script."""
     if job.cluster.kind is not ClusterKind.slurm:
         raise ValueError(
             f"cluster.kind={job.cluster.kind.value} does not submit to SLURM: pick a SLURM cluster, e.g. "
@@ -68,7 +75,8 @@ def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> 
     )
     plan = plan_job(resolve_auto_fraction(job))
     job = apply_plan(job, plan)
-    return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan))
+    memory = check_memory(job, plan)
+    return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan), memory=memory)
 
 
 def _under(workdir: str, path: str) -> str:
@@ -108,6 +116,7 @@ def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
     resumes = (prepared.run_dir / "checkpoints").exists()
     script = write_run_dir(prepared)
     print(f"plan: {prepared.plan.describe()}")
+    print(prepared.memory_text())
     print(f"run dir: {prepared.run_dir}")
     if dry_run:
         print(f"dry run: wrote {script} and {prepared.run_dir / 'config.yaml'}; nothing submitted")

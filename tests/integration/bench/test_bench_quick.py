@@ -43,6 +43,12 @@ EXPECTED = {
     "controller": ["controller/completed_requests_per_s", "transport/messages_per_s", "transport/mb_per_s"],
     "reward": ["reward/math_per_s"],
     "trainer": ["trainer/torch_tokens_per_s"],
+    "trainer_memory": [
+        "trainer_memory/torch_after_1k_peak_gib",
+        "trainer_memory/torch_before_1k_peak_gib",
+        "trainer_memory/megatron_after_1k_peak_gib",
+        "trainer_memory/megatron_after_1k_predicted_gib",
+    ],
     "engine": ["engine/vllm_over_sglang_gen", "engine/vllm_update_s", "engine/sglang_update_s"],
 }
 
@@ -63,5 +69,6 @@ def test_quick_bench_reports_every_section(tmp_path):
         for key in keys:
             assert key in metrics and metrics[key] > 0, (section, key, metrics)
     assert "| section | measure | value |" in result.stdout
+    assert "### trainer_memory: one step" in result.stdout
     assert "### e2e: per step" in result.stdout and "### e2e: ratios over rounds" in result.stdout
     assert (out.with_suffix(".md")).exists()

@@ -77,6 +77,8 @@ def test_submit_writes_run_dir_and_calls_sbatch(tmp_path: Path, capsys) -> None:
     assert (run_dir / "jobs.txt").read_text() == "1001\n"
     out = capsys.readouterr().out
     assert "submitted job 1001" in out and "make status JOB=1001" in out and f"tail -F {run_dir}/logs" in out
+    # /models/tiny is not on this machine and no model.shape names it: said, not refused
+    assert "memory: not checked: no config.json at model.path=/models/tiny and no model.shape" in out
 
 
 def test_dry_run_writes_but_does_not_submit(tmp_path: Path) -> None:

@@ -48,7 +48,10 @@ def dense_reference(q, k, v, bounds, scale):
     segment = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.tensor(np.diff(bounds)))
     causal = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()
     mask = (segment[:, None] == segment[None, :]) & causal
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    # 4-D, as the backends' dense path calls it (the fused kernel; 3-D would take the math path)
+    return F.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=True
+    )[0]
 
 
 def test_per_sequence_attention_equals_the_block_diagonal_mask_forward_and_backward():
@@ -131,6 +134,19 @@ class SquareTensors(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and list(t.shape).count(self.size) >= 2:
                 self.found.append((str(func), tuple(t.shape)))
         return out
+
+
+def test_per_sequence_attention_runs_the_fused_kernel_without_score_matrices():
+    """Each sequence's [heads, l, l] scores would exist on the math path (3-D inputs take it):
+    forward and backward of a 120-token sequence must allocate none."""
+    torch.manual_seed(0)
+    bounds = [0, 1, 38, 41, 161, 163]
+    inputs = [torch.randn(h, bounds[-1], 16, requires_grad=True) for h in (4, 2, 2)]
+    probe = SquareTensors(120)
+    with probe:
+        out = causal_attention_per_sequence(*inputs, bounds, scale=0.3)
+        torch.autograd.grad(out.sum(), inputs)
+    assert probe.found == []
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])

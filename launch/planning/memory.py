@@ -1,0 +1,273 @@
+"""Trainer memory per rank, predicted from the model's shape and the resolved config. Pure: no torch.
+
+    estimate = trainer_memory(shape, TrainerMemoryInputs.of(job, plan))
+    estimate.total_bytes, estimate.parts        # what one trainer rank holds at its peak
+
+Parts (docs/memory.md derives each term and the bench that checks it):
+  parameters    the rank's share (Megatron: 1/(TP x PP); FSDP2: 1/DP; torch: all), in model.dtype
+                (FSDP2 mixed precision: float32 master weights)
+  gradients     Megatron: a float32 grad buffer over the rank's parameters (grad_reduce_in_fp32);
+                FSDP2: sharded over DP in the parameters' dtype; torch: full, same dtype
+  optimizer     Adam's two moments, plus Megatron's float32 main parameters for bf16 weights,
+                sharded over DP by Megatron's distributed optimizer and by FSDP2; torch: full
+  FSDP2 gather  the unsharded root (embeddings, head) and two decoder layers (one prefetched),
+                in the compute dtype, with their unsharded gradients
+  reference     a frozen copy of the parameters for algo.kl_coef > 0, sharded like the policy
+  activations   per token, saved for backward by every layer (trainer.recompute=none), by the
+                layers outside the core attention (selective, Megatron), or only each layer's
+                input plus one recomputed layer (full); the whole micro-batch of T tokens
+  log-probs     the LM head: trainer.logprob_chunk_tokens=0 keeps full-vocabulary float32 copies
+                of the scored tokens' logits; a chunk of c tokens keeps ~2 [c, V] float32 copies
+                and a float32 head-weight gradient
+  attention     trainer.attention=dense: the [T, T] block mask and its per-layer copy that the
+                kernel keeps for backward; varlen: none
+  runtime       CUDA context, communicator buffers (a constant), not on CPU
+
+Per-layer activation bytes come from what the layers' autograd saves (counted op by op in
+docs/memory.md); the log-prob and mask terms from the code paths; the CPU bench
+(`python -m bench --only trainer_memory`) measures peaks beside these predictions.
+
+LoRA seam: `trainable_params` is the one function that says which parameters get gradients
+and Adam state; an adapter config would return the adapter's parameters there (and the frozen
+base would stay in `parameters`), nothing else changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from areal_jobs.config import DType, JobConfig, TrainerBackend
+from launch.planning.model_shape import ModelShape, padded_vocab
+
+GIB = 1 << 30
+RUNTIME_RESERVE_BYTES = int(1.5 * GIB)  # CUDA context (~0.5 GiB), NCCL/gloo buffers, cuBLAS workspace
+_BYTES = {DType.float32: 4, DType.bfloat16: 2, DType.float16: 2}
+
+
+@dataclass(frozen=True)
+class TrainerMemoryInputs:
+    """Everything of the job and its plan that sizes one trainer rank."""
+
+    backend: TrainerBackend
+    param_bytes: int  # bytes per parameter (model.dtype; FSDP2 mixed precision: 4)
+    compute_bytes: int  # bytes per activation element (FSDP2 mixed precision: 2)
+    tp: int
+    pp: int
+    dp: int
+    tokens: int  # trainer.max_tokens_per_microbatch: one packed micro-batch
+    scored_tokens: int  # output positions of the micro-batch that go through the LM head (<= tokens)
+    recompute: str  # none | selective | full
+    attention: str  # varlen | dense
+    logprob_chunk_tokens: int  # 0 = the whole micro-batch's scored tokens at once
+    reference_model: bool = False  # algo.kl_coef > 0
+    vocab_multiple: int = 1  # Megatron pads the vocabulary to a multiple of this
+    on_gpu: bool = True  # the runtime reserve exists on a GPU only
+
+    @classmethod
+    def of(cls, job: JobConfig, *, tp: int, pp: int, dp: int, on_gpu: bool = True) -> TrainerMemoryInputs:
+        """From a resolved job and its plan's layout. The scored tokens are taken as the whole
+        micro-batch (prompt tokens are a small share of RL sequences): the worst case."""
+        t = job.trainer
+        mixed = t.backend is TrainerBackend.fsdp and t.fsdp_mixed_precision
+        dtype_bytes = _BYTES[job.model.dtype]
+        return cls(
+            backend=t.backend,
+            param_bytes=4 if mixed else dtype_bytes,
+            compute_bytes=2 if mixed else dtype_bytes,
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            tokens=t.max_tokens_per_microbatch,
+            scored_tokens=t.max_tokens_per_microbatch,
+            recompute=t.recompute.value,
+            attention=t.attention.value,
+            logprob_chunk_tokens=t.logprob_chunk_tokens,
+            reference_model=job.algo.kl_coef > 0,
+            vocab_multiple=t.megatron_vocab_multiple if t.backend is TrainerBackend.megatron else 1,
+            on_gpu=on_gpu,
+        )
+
+    def but(self, **changes) -> TrainerMemoryInputs:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """One trainer rank's predicted peak, part by part: (name, bytes, how it was counted)."""
+
+    parts: tuple[tuple[str, int, str], ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b for _, b, _ in self.parts)
+
+    def part(self, name: str) -> int:
+        return sum(b for n, b, _ in self.parts if n == name)
+
+
+def trainer_memory(shape: ModelShape, x: TrainerMemoryInputs) -> MemoryEstimate:
+    """The peak of one trainer rank (the first pipeline stage's activations, the last stage's head)."""
+    params = rank_params(shape, x)
+    trainable = trainable_params(shape, x, params)
+    shards = x.dp if x.backend is TrainerBackend.fsdp else 1
+    how = f"{params / 1e9:.3g}B params x {x.param_bytes} B" + (f" / DP {shards}" if shards > 1 else "")
+    parts = [
+        ("parameters", params * x.param_bytes // shards, how),
+        _gradients(trainable, x),
+        _optimizer(trainable, x),
+    ]
+    if x.backend is TrainerBackend.fsdp:
+        parts.append(_fsdp_gather(shape, x))
+    if x.reference_model:
+        frozen = params * x.param_bytes // shards
+        parts.append(("reference model", frozen, "frozen copy for algo.kl_coef > 0, sharded alike"))
+    parts += [_activations(shape, x), _logprobs(shape, x), _attention(shape, x)]
+    if x.on_gpu:
+        parts.append(("runtime", RUNTIME_RESERVE_BYTES, "CUDA context, communicators, workspaces"))
+    return MemoryEstimate(tuple(parts))
+
+
+def rank_params(shape: ModelShape, x: TrainerMemoryInputs) -> int:
+    """Parameters one rank holds: Megatron's largest pipeline stage split over TP; FSDP2 and
+    torch: the whole model (FSDP2's 1/DP shard is applied per part)."""
+    if x.backend is not TrainerBackend.megatron:
+        return shape.num_params()
+    embedding = shape.embedding_params(x.vocab_multiple)
+    layers = -(-shape.num_layers // x.pp) * shape.layer_params
+    if x.pp == 1:
+        heads = embedding * (1 if shape.tied_embeddings else 2)
+        return (heads + layers) // x.tp + shape.hidden_size
+    # the first stage holds the embedding, the last the output layer (a copy of it when tied)
+    return (embedding + layers) // x.tp + shape.hidden_size
+
+
+def trainable_params(shape: ModelShape, x: TrainerMemoryInputs, params: int) -> int:
+    """Parameters with gradients and optimiser state: all of them (full fine-tuning). The LoRA
+    seam: an adapter would return its own parameter count here."""
+    return params
+
+
+def _gradients(trainable: int, x: TrainerMemoryInputs) -> tuple[str, int, str]:
+    if x.backend is TrainerBackend.megatron:
+        return ("gradients", trainable * 4, "float32 grad buffer (grad_reduce_in_fp32)")
+    if x.backend is TrainerBackend.fsdp:
+        return ("gradients", trainable * x.param_bytes // x.dp, f"sharded over DP {x.dp}")
+    return ("gradients", trainable * x.param_bytes, "one per parameter")
+
+
+def _optimizer(trainable: int, x: TrainerMemoryInputs) -> tuple[str, int, str]:
+    if x.backend is TrainerBackend.megatron:
+        # distributed optimizer: Adam m, v in float32 (+ float32 main params for bf16 weights)
+        per_param = 8 + (4 if x.param_bytes < 4 else 0)
+        how = f"Adam {per_param} B/param sharded over DP {x.dp} (distributed optimizer)"
+        return ("optimizer", trainable * per_param // x.dp, how)
+    moments = 2 * x.param_bytes  # torch AdamW keeps m, v in the parameters' dtype
+    if x.backend is TrainerBackend.fsdp:
+        return ("optimizer", trainable * moments // x.dp, f"AdamW m, v sharded over DP {x.dp}")
+    return ("optimizer", trainable * moments, "AdamW m, v")
+
+
+def _fsdp_gather(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]:
+    """FSDP2 all-gathers a unit's parameters for its forward and backward (and its unsharded
+    gradients before the reduce-scatter): the root (embeddings + head) the whole time, two
+    decoder layers at once (the current one and the prefetched next)."""
+    if x.dp == 1:
+        return ("FSDP2 gather", 0, "one rank: nothing to gather")
+    root = shape.embedding_params() * (1 if shape.tied_embeddings else 2)
+    unsharded = (root + 2 * shape.layer_params) * x.compute_bytes
+    return ("FSDP2 gather", 2 * unsharded, "root + 2 layers unsharded, params and grads")
+
+
+def layer_activation_bytes(shape: ModelShape, x: TrainerMemoryInputs) -> dict[str, float]:
+    """Bytes per token one decoder layer saves for backward with recompute=none, split into the
+    core attention's own (its output and float32 log-sum-exp, which selective recompute drops)
+    and the rest. Counted from each backend's autograd graph (docs/memory.md): H hidden, F
+    intermediate, q / kv the query / key-value widths (heads x head_dim), e compute bytes; TP
+    splits everything but the hidden-size tensors."""
+    h, f, e, tp = shape.hidden_size, shape.intermediate_size, x.compute_bytes, x.tp
+    q, kv = shape.num_heads * shape.head_dim / tp, shape.num_kv_heads * shape.head_dim / tp
+    core = e * q + 4 * shape.num_heads / tp
+    if x.backend is TrainerBackend.megatron:
+        # two RMSNorms (input, normalised, output: 3H each), the fused qkv buffer (kept by the v
+        # view), the roped q and k and the cos/sin each RoPE multiplication keeps (4 x head_dim),
+        # the projection's input, fc1's output (2F, kept by the GLU's chunk views), silu(gate),
+        # the GLU's `x_linear + glu_linear_offset` (a copy even at offset 0) and the fc2 input
+        rope = 4 * shape.head_dim
+        rest = e * (6 * h + (q + 2 * kv) + (q + kv) + rope + q + 5 * f / tp) + 8
+    else:
+        # two HF RMSNorms: float32 input, normalised and output (12H in float32; 16H per layer in
+        # bf16: a float32 copy and two bf16 tensors each); roped q and k and v (dense: k and v
+        # repeated to every query head by transformers' sdpa path), o_proj's input, and the MLP's
+        # gate, silu(gate), up and product
+        norms = 24 * h if e == 4 else 16 * h
+        keys = 2 * q if x.attention == "dense" else 2 * kv
+        rest = norms + e * (q + keys + q + 4 * f)
+    return {"core": core, "rest": rest}
+
+
+def final_norm_bytes(shape: ModelShape, x: TrainerMemoryInputs) -> int:
+    """Per token, the final RMSNorm's saved tensors (its output feeds the LM head); HF models
+    also keep one cos/sin pair for every layer's RoPE."""
+    if x.backend is TrainerBackend.megatron:
+        return 3 * shape.hidden_size * x.compute_bytes
+    return shape.hidden_size * (12 if x.compute_bytes == 4 else 8) + 2 * shape.head_dim * x.compute_bytes
+
+
+def _activations(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]:
+    per_layer = layer_activation_bytes(shape, x)
+    full_layer = per_layer["core"] + per_layer["rest"]
+    # 1F1B: the first stage holds PP micro-batches in flight, each of L/PP layers: L layers' worth
+    layers = -(-shape.num_layers // x.pp) * x.pp
+    tail = final_norm_bytes(shape, x)
+    if x.recompute == "none":
+        per_token = layers * full_layer + tail
+        how = f"{layers} layers x {full_layer / 1024:.1f} KiB/token"
+    elif x.recompute == "selective":
+        per_token = layers * per_layer["rest"] + per_layer["core"] + tail
+        how = f"{layers} layers x {per_layer['rest'] / 1024:.1f} KiB/token (core attention recomputed)"
+    else:
+        per_token = layers * shape.hidden_size * x.compute_bytes + full_layer + tail
+        how = f"{layers} layer inputs + 1 recomputed layer ({full_layer / 1024:.1f} KiB/token)"
+    return ("activations", int(per_token * x.tokens), f"{how}, {x.tokens:,} tokens")
+
+
+def _logprobs(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]:
+    vocab = padded_vocab(shape.vocab_size, x.vocab_multiple) // x.tp
+    n, e = x.scored_tokens, x.compute_bytes
+    rows = n * shape.hidden_size * e  # the scored positions' hidden states, gathered for the head
+    if x.logprob_chunk_tokens == 0:
+        if x.backend is TrainerBackend.megatron:
+            # every position's float32 logits (vocab_parallel_cross_entropy keeps its softmax in
+            # them) and the entropy's float32 temporaries over the scored rows
+            copies = x.tokens + FULL_VOCAB_ENTROPY_COPIES * n
+        else:
+            copies = FULL_VOCAB_COPIES * n
+        how = f"full vocabulary: [T, {vocab:,}] float32 x {copies / x.tokens:.1f}"
+        return ("log-probs", int(copies * vocab * 4) + rows, how)
+    chunk = min(x.logprob_chunk_tokens, n)
+    # the weight gradient accumulates in float32 (+ a bf16 product per chunk for bf16 weights)
+    head_grad = vocab * shape.hidden_size * (4 + (2 if e == 2 else 0))
+    size = int(CHUNK_COPIES * chunk * vocab * 4) + head_grad + rows
+    return (
+        "log-probs",
+        size,
+        f"chunks of {chunk:,} tokens: [{chunk:,}, {vocab:,}] float32 x {CHUNK_COPIES:g}",
+    )
+
+
+def _attention(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]:
+    if x.attention == "varlen":
+        return ("attention", 0, "varlen: per-sequence kernels, no [T, T] tensor")
+    layers = -(-shape.num_layers // x.pp) * x.pp
+    # the bool block mask, and per layer the additive mask SDPA converts it to (compute dtype),
+    # which the fused kernel keeps for its backward
+    size = x.tokens * x.tokens * (1 + layers * x.compute_bytes)
+    return ("attention", int(size), f"dense: [T, T] mask + {layers} per-layer copies")
+
+
+# float32 [rows, V] copies alive at the peak of each log-prob path (trainer/logprobs.py,
+# megatron/head.py), checked by the CPU bench (bench/README.md "trainer_memory")
+FULL_VOCAB_COPIES = 4.0  # logits, log-softmax, exp and exp*logp of the entropy (torch/FSDP2)
+FULL_VOCAB_ENTROPY_COPIES = 5.25  # index_select, shifted, exp, masked, product + bool (Megatron)
+CHUNK_COPIES = 2.0  # a chunk's logits and exp (forward) / log-probs and probabilities (backward)
