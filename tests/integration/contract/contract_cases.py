@@ -197,7 +197,11 @@ def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cas
     init_distributed(cfg, timeout_s=120.0)
     return _each_case(
         lambda case: MegatronBackend(
-            trainer_for(case, cfg), algo_for(case), model_dir, DType.float32, temperature=TEMPERATURE.get(case, 1.0)
+            trainer_for(case, cfg),
+            algo_for(case),
+            model_dir,
+            DType.float32,
+            temperature=TEMPERATURE.get(case, 1.0),
         ),
         lambda backend: backend._gpt,
         rank,
@@ -213,7 +217,11 @@ def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dic
     out = {}
     for case in [c for c in cases if runs_on(c, "torch")]:
         backend = TorchBackend(
-            trainer_for(case, cfg), algo_for(case), model_dir, DType.float32, temperature=TEMPERATURE.get(case, 1.0)
+            trainer_for(case, cfg),
+            algo_for(case),
+            model_dir,
+            DType.float32,
+            temperature=TEMPERATURE.get(case, 1.0),
         )
         backend.setup()
         if not out:
@@ -232,7 +240,11 @@ def fsdp_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict
     init_distributed(cfg, timeout_s=120.0)
     return _each_case(
         lambda case: FSDPBackend(
-            trainer_for(case, cfg), algo_for(case), model_dir, DType.float32, temperature=TEMPERATURE.get(case, 1.0)
+            trainer_for(case, cfg),
+            algo_for(case),
+            model_dir,
+            DType.float32,
+            temperature=TEMPERATURE.get(case, 1.0),
         ),
         lambda backend: backend.model,
         rank,

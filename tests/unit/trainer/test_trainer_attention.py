@@ -165,7 +165,9 @@ def test_hf_varlen_logprobs_equal_dense_and_no_tensor_is_t_by_t(family):
     )
     assert got.shape == want.shape == (sum(n for _, n in LENGTHS),)
     assert diff.max() < LOGP_TOL and diff.mean() < LOGP_MEAN_TOL
-    assert (got.double() - truth).abs().max() < LOGP_TOL  # as near the float64 truth as dense is
+    # as near the float64 truth as dense is: both sit about 2 float32 ulps of a log-prob near -5
+    # (6e-7 each) from it since the chunked LM head, dense itself at 1.0e-6 (llama)
+    assert (got.double() - truth).abs().max() <= 2 * (want.double() - truth).abs().max()
     num_tokens = sum(len(s.input_ids) for s in batch)
     with SquareTensors(num_tokens) as varlen_ops:
         torch.cat(token_logprobs(varlen, batch)).sum().backward()  # the gradients' buffers too
