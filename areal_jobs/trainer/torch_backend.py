@@ -48,12 +48,13 @@ def token_logprobs(
     device: torch.device | None = None,
     *,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Log-probs of every output token of every sample under `model`, from one packed forward.
 
     Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled), on `device`
     (the FSDP backend's GPU; None = CPU); with `with_entropy` also the policy's entropy at each of
-    those positions (detached).
+    those positions, detached unless `entropy_grad` (algo.entropy_coef > 0: a loss term).
     """
     packed = pack([s.input_ids for s in samples])
     input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
@@ -69,7 +70,7 @@ def token_logprobs(
         logp = torch.log_softmax(logits[first:last], dim=-1)
         out.append(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
         if with_entropy:
-            with torch.no_grad():
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 entropies.append(-(logp.exp() * logp).sum(-1))
     return (out, entropies) if with_entropy else out
 
@@ -173,7 +174,12 @@ class TorchBackend:
             for local in balanced_microbatches([lengths[i] for i in minibatch], budget):
                 mb = [minibatch[j] for j in local]
                 num_micro += 1
-                logp, entropy = token_logprobs(self.model, [samples[i] for i in mb], with_entropy=True)
+                logp, entropy = token_logprobs(
+                    self.model,
+                    [samples[i] for i in mb],
+                    with_entropy=True,
+                    entropy_grad=self.algo.entropy_coef > 0,
+                )
                 if loglinear:
                     for i, lp in zip(mb, logp):
                         prox[i] = loglinear_prox_logp(
