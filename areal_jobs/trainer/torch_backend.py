@@ -84,6 +84,13 @@ def loss_inputs(samples: list[TrainSample], agg_weights: list[np.ndarray]) -> di
     }
 
 
+def split_minibatches(samples: list[TrainSample], algo: AlgoConfig) -> list[list[int]]:
+    """Sample indices of each optimiser step: `algo.ppo_minibatches` minibatches balanced by
+    output tokens (fewer when the batch has fewer samples). Every backend splits this way."""
+    outputs = [s.num_output_tokens for s in samples]
+    return balanced_microbatches(outputs, sum(outputs), min_count=min(algo.ppo_minibatches, len(samples)))
+
+
 def prox_from_gradient_pass(algo: AlgoConfig, minibatches: list[list[int]]) -> set[int]:
     """Samples whose proximal log-probs the gradient pass supplies (prox_logp=current): those of
     the first minibatch, whose pass runs the pre-step weights. The others need the no-grad pass."""
@@ -144,10 +151,7 @@ class TorchBackend:
         lengths = [len(s.input_ids) for s in samples]
         budget = self.cfg.max_tokens_per_microbatch
         behav = [torch.from_numpy(s.behav_logprobs) for s in samples]
-        outputs = [s.num_output_tokens for s in samples]
-        minibatches = balanced_microbatches(
-            outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))
-        )
+        minibatches = split_minibatches(samples, self.algo)
         loglinear = self.algo.decoupled and self.algo.prox_logp is ProxLogp.loglinear
         from_gradient_pass = prox_from_gradient_pass(self.algo, minibatches)
         if not self.algo.decoupled:
