@@ -46,9 +46,30 @@ CASES: dict[str, dict] = {
     "overlong": dict(overlong_buffer=8, overlong_penalty=0.5),
     "mask_truncated": dict(mask_truncated=True),
     "filter_uniform": dict(filter_uniform_groups=True),
+    # issue 26: several optimiser steps per batch; later minibatches see a moved policy (r != 1)
+    "minibatches_2": dict(ppo_minibatches=2),
+    "minibatches_4": dict(ppo_minibatches=4),
+    "minibatches_4_recompute": dict(ppo_minibatches=4, prox_logp="recompute"),
+    # KL to the initial weights is 0 at the first step (θ = ref): the second minibatch shows it
+    "kl_k1": dict(ppo_minibatches=2, kl_coef=0.5, kl_estimator="k1"),
+    "kl_k2": dict(ppo_minibatches=2, kl_coef=0.5, kl_estimator="k2"),
+    "kl_k3": dict(ppo_minibatches=2, kl_coef=0.5, kl_estimator="k3"),
+    "gspo": dict(decoupled=False, importance_level="sequence"),
+    "gspo_minibatches": dict(ppo_minibatches=2, importance_level="sequence"),
+    "entropy_bonus": dict(entropy_coef=0.05),
+    # GRPO cancels scale and bias, not the clip: group [0.3, 0.7, 1.0] -> [-2, 2, 5 -> 3]
+    "reward_shaping": dict(reward_scaling=10.0, reward_bias=-0.5, reward_clip=3.0),
 }
-# kl_estimator acts only with kl_coef; prox_logp=loglinear: torch only (LIMITED_VALUES)
-REFUSED = {"ppo_minibatches": 2, "kl_coef": 0.1, "kl_estimator": None, "prox_logp": "loglinear"}
+# the case each one must differ from (test_cases_exercise_their_knob); default when not listed
+BASELINE = {
+    "minibatches_4_recompute": "minibatches_4",
+    "kl_k1": "minibatches_2",
+    "kl_k2": "minibatches_2",
+    "kl_k3": "minibatches_2",
+    "gspo_minibatches": "minibatches_2",
+}
+# prox_logp=loglinear: torch only (LIMITED_VALUES)
+REFUSED = {"prox_logp": "loglinear"}
 NOT_OBJECTIVE = {"max_staleness", "batch_size", "group_size", "max_discarded_groups"}
 
 
@@ -58,6 +79,8 @@ def algo_for(case: str):
         AdvStd,
         AlgoConfig,
         BehavWeightMode,
+        ImportanceLevel,
+        KLEstimator,
         LossAgg,
         ProxLogp,
     )
@@ -68,6 +91,8 @@ def algo_for(case: str):
         "behav_weight_mode": BehavWeightMode,
         "loss_agg": LossAgg,
         "prox_logp": ProxLogp,
+        "kl_estimator": KLEstimator,
+        "importance_level": ImportanceLevel,
     }
     fields = {k: enums[k](v) if k in enums else v for k, v in CASES[case].items()}
     return AlgoConfig(**BASE, **fields)

@@ -13,8 +13,10 @@ spawned process per rank, reused across cases). Compared against torch, per case
                         gradient, so on near-zero gradients (TP x DP summation order) rounding
                         shows as up to ~1.4e-4 here; the relative norm is the real measure
   ppo/*, mismatch/*     |d| < 1e-5          (fractions: every token decides the same way)
-Knobs a backend does not implement are refused by the config, naming the override
-(config/support.py: Megatron ppo_minibatches > 1 and kl_coef; FSDP kl_coef).
+The matrix holds several optimiser steps per batch (2 and 4 minibatches, current and recompute),
+the reference KL with each estimator, GSPO's sequence ratio, the entropy bonus and reward
+shaping (issue 26). Knobs a backend does not implement are refused by the config, naming the
+override (config/support.py: prox_logp=loglinear on Megatron and FSDP).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from contract_cases import (
+    BASELINE,
     CASES,
     NOT_OBJECTIVE,
     REFUSED,
@@ -47,8 +50,8 @@ GRAD_REL_TOL = 1e-4
 WEIGHT_TOL = 3e-4
 UPDATE_TOL = 1e-3
 METRIC_TOL = 1e-5
-# prox_logp=recompute: the pass that the default (current) skips gives the same p
-SAME_AS_DEFAULT = {"prox_recompute"}
+# prox_logp=recompute: the pass that current skips gives the same p (case -> the case it equals)
+SAME_AS = {"prox_recompute": "default", "minibatches_4_recompute": "minibatches_4"}
 LAYOUTS = {"tp1": (1, 1), "tp2dp2": (2, 2)}  # Megatron (tp, dp)
 FSDP_WORLD = 2
 COMPARED = [*LAYOUTS, "fsdp_dp2"]
@@ -135,18 +138,19 @@ def test_cases_exercise_their_knob(results):
     """A case that changes nothing would pass vacuously: each knob must move the torch loss or
     its statistics away from the default's."""
     t = results["torch"]
-    default = t["default"]["metrics"]
     for case in CASES:
         if case == "default":
             continue
         m = t[case]["metrics"]
-        if case in SAME_AS_DEFAULT:  # another way to the same numbers: it must give them
-            assert abs(m["train/loss"] - default["train/loss"]) < LOSS_TOL, case
-            assert all(
-                abs(m[k] - default[k]) < METRIC_TOL for k in m if k.startswith(("ppo/", "mismatch/"))
-            ), case
+        if case in SAME_AS:  # another way to the same numbers: it must give them
+            same = t[SAME_AS[case]]["metrics"]
+            assert abs(m["train/loss"] - same["train/loss"]) < LOSS_TOL, case
+            assert all(abs(m[k] - same[k]) < METRIC_TOL for k in m if k.startswith(("ppo/", "mismatch/"))), (
+                case
+            )
             continue
-        moved = abs(m["train/loss"] - default["train/loss"]) > 1e-7 or any(
-            abs(m[k] - default[k]) > 1e-7 for k in m if k.startswith(("ppo/", "mismatch/", "train/num_"))
+        base = t[BASELINE.get(case, "default")]["metrics"]
+        moved = abs(m["train/loss"] - base["train/loss"]) > 1e-7 or any(
+            abs(m[k] - base[k]) > 1e-7 for k in m if k.startswith(("ppo/", "mismatch/", "train/num_"))
         )
-        assert moved, f"case {case} trains exactly like the default"
+        assert moved, f"case {case} trains exactly like {BASELINE.get(case, 'default')}"
