@@ -60,6 +60,9 @@ CASES: dict[str, dict] = {
     # GRPO cancels scale and bias, not the clip: group [0.3, 0.7, 1.0] -> [-2, 2, 5 -> 3]
     "reward_shaping": dict(reward_scaling=10.0, reward_bias=-0.5, reward_clip=3.0),
 }
+# train steps per case (1 when not listed), compared after the last: the second step of kl_k3
+# checks that the reference stayed the initial weights while the policy moved
+STEPS = {"kl_k3": 2}
 # the case each one must differ from (test_cases_exercise_their_knob); default when not listed
 BASELINE = {
     "minibatches_4_recompute": "minibatches_4",
@@ -151,19 +154,22 @@ def _each_case(make_backend, rank: int, cases: list[str]) -> dict:
     for case in cases:
         backend = make_backend(algo_for(case))
         backend.setup()
-        metrics = backend.train_step(batch_for(case) if rank == 0 else None)
+        for _ in range(STEPS.get(case, 1)):
+            metrics = backend.train_step(batch_for(case) if rank == 0 else None)
         out[case] = {"metrics": metrics, "after": exported(backend)}
         del backend
         gc.collect()
     return out
 
 
-def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cases: list[str]) -> dict:
+def megatron_worker(
+    rank: int, world: int, tp: int, pp: int, dp: int, model_dir: str, cases: list[str]
+) -> dict:
     from areal_jobs.config import DType
     from areal_jobs.trainer.megatron.backend import MegatronBackend
     from areal_jobs.trainer.megatron.dist import init_distributed
 
-    cfg = trainer_config(tp, 1, dp)
+    cfg = trainer_config(tp, pp, dp)
     init_distributed(cfg, timeout_s=120.0)
     return _each_case(lambda algo: MegatronBackend(cfg, algo, model_dir, DType.float32), rank, cases)
 
@@ -179,7 +185,8 @@ def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dic
         backend.setup()
         if not out:
             out["before"] = {k: v.detach().numpy().copy() for k, v in backend.iter_weights()}
-        metrics = backend.train_step(batch_for(case))
+        for _ in range(STEPS.get(case, 1)):
+            metrics = backend.train_step(batch_for(case))
         out[case] = {
             "metrics": metrics,
             "after": {k: v.detach().numpy().copy() for k, v in backend.iter_weights()},
