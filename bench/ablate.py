@@ -35,6 +35,7 @@ from bench.ablation_table import OBJECTIVES, aggregate, curve_from_rows, markdow
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 3600
+LOCK_YIELD_S = 5.0  # after each run, time for another job waiting on the lock to take it
 # set per run by the ablation itself: an override of one of these is refused
 VARIED = (
     "run.name",
@@ -110,6 +111,8 @@ def _held(lock: Path | None):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+            # flock is not fair: re-locking at once for the next run starves every waiter
+            time.sleep(LOCK_YIELD_S)
 
 
 def run_one(args: argparse.Namespace, eta: int, objective: str, seed: int) -> dict:
