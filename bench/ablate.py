@@ -2,13 +2,18 @@
 
     python -m bench.ablate                                   # η ∈ {0,1,2,4,8} × {decoupled, naive} × 2 seeds
     python -m bench.ablate --etas 0,8 --seeds 1 --steps 40 trainer.lr=6e-4   # key=value: launch.local overrides
+    python -m bench.ablate --lock /tmp/areal-heavy.lock     # each run holds that flock (shared machine)
 
 Every run is one `python -m launch.local` (as `make run` starts it), one after the other, with the
 same steps, data and prompt order (data.seed is not varied); a run differs only in
 algo.max_staleness (η), algo.decoupled (decoupled PPO recomputes the proximal policy; naive PPO
 uses the behaviour log-probs, the paper's baseline) and trainer.seed. From each run it reads
 summary.json (greedy_accuracy_end, accuracy_end = sampled pass@1) and metrics.jsonl (trained
-tokens/s, held-out accuracy per policy version). Writes <out>/ablation.json (every run and the
+tokens/s, held-out accuracy per policy version). The regime is the paper's and AReaL's recipes'
+(boba_grpo.yaml): 4 minibatches per step (`algo.ppo_minibatches=4`: with one, π/π_prox is 1 on
+the only optimiser step and decoupled PPO's clip never acts) and the behaviour weight capped at 5
+(`algo.behav_weight_cap=5`, AReaL's `behave_imp_weight_cap`: drop tokens with exp(p - b) > 5);
+naive PPO has p = b, so w = 1 and the cap never acts there. Writes <out>/ablation.json (every run and the
 aggregated table), ablation.md (the table) and ablation.png (held-out accuracy against version per
 η, one panel per objective). A failing run is recorded with its error; the others still run and
 the exit code is then 1.
@@ -17,6 +22,8 @@ the exit code is then 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -28,6 +35,7 @@ from bench.ablation_table import OBJECTIVES, aggregate, curve_from_rows, markdow
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 3600
+LOCK_YIELD_S = 5.0  # after each run, time for another job waiting on the lock to take it
 # set per run by the ablation itself: an override of one of these is refused
 VARIED = (
     "run.name",
@@ -39,7 +47,13 @@ VARIED = (
 )
 # the ablation's defaults, each replaced by an override of the same key: an evaluation every 20
 # steps gives the accuracy curves points between start and end (make run evaluates every 50)
-DEFAULTS = {"run.eval_every_steps": "20", "run.tensorboard": "false", "checkpoint.resume": "false"}
+DEFAULTS = {
+    "run.eval_every_steps": "20",
+    "run.tensorboard": "false",
+    "checkpoint.resume": "false",
+    "algo.ppo_minibatches": "4",  # AReaL's ppo_n_minibatches in its async recipes
+    "algo.behav_weight_cap": "5",  # AReaL's behave_imp_weight_cap (drop mode, the default)
+}
 
 
 def _ints(text: str) -> list[int]:
@@ -58,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reuse",
         action="store_true",
         help="take runs that already finished in --run-root (summary.json, same steps) instead of rerunning them",
+    )
+    p.add_argument(
+        "--lock",
+        type=Path,
+        default=None,
+        help="hold an exclusive flock on this file during each run (other heavy jobs interleave between runs)",
     )
     p.add_argument("overrides", nargs="*", help="launch.local overrides shared by every run (key=value)")
     args = p.parse_args(argv)
@@ -79,6 +99,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@contextlib.contextmanager
+def _held(lock: Path | None):
+    """An exclusive flock on `lock` for the duration (none when lock is None)."""
+    if lock is None:
+        yield
+        return
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            # flock is not fair: re-locking at once for the next run starves every waiter
+            time.sleep(LOCK_YIELD_S)
+
+
 def run_one(args: argparse.Namespace, eta: int, objective: str, seed: int) -> dict:
     """One launch.local run; its record for ablation_table (or one with "error")."""
     name = f"eta{eta}-{objective}-s{seed}"
@@ -96,9 +132,12 @@ def run_one(args: argparse.Namespace, eta: int, objective: str, seed: int) -> di
         record["reused"] = True
     else:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        t0 = time.monotonic()
-        result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
-        record["wall_s"] = round(time.monotonic() - t0, 1)
+        with _held(args.lock):
+            t0 = time.monotonic()
+            result = subprocess.run(
+                cmd, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env
+            )
+            record["wall_s"] = round(time.monotonic() - t0, 1)
         if result.returncode != 0 or not summary_path.exists():
             record["error"] = f"launch.local exit {result.returncode}: {result.stderr[-1500:]}"
             return record

@@ -35,7 +35,10 @@ class LossAgg(enum.Enum):
     token_mean = "token_mean"  # sum / valid tokens of the whole (mini)batch
     seq_mean_token_mean = "seq_mean_token_mean"  # mean over samples of each sample's token mean
     seq_mean_token_sum = "seq_mean_token_sum"  # mean over samples of each sample's token sum
-    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # Dr.GRPO: sum / (samples * max_new_tokens)
+    # Dr.GRPO (the paper): sum / (samples * max_new_tokens). verl's seq-mean-token-sum-norm divides
+    # each micro-batch's sum by max_new_tokens only, then by its gradient-accumulation count and DP
+    # size: the same as this with one sample per micro-batch, else larger (docs/objective.md)
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"
 
 
 class ProxLogp(enum.Enum):
@@ -58,7 +61,18 @@ class KLEstimator(enum.Enum):
 
     k1 = "k1"  # x
     k2 = "k2"  # x² / 2
-    k3 = "k3"  # exp(-x) - 1 + x   (unbiased, always >= 0)
+    # exp(-x) - 1 + x (unbiased, >= 0), x clamped to [-20, 20] and the estimate to [-10, 10]:
+    # verl's low_var_kl exactly, and AReaL's k3 (which clamps every estimator to [-10, 10])
+    k3 = "k3"
+
+
+class ImportanceLevel(enum.Enum):
+    """What the PPO ratio r = π/π_prox is taken over."""
+
+    token = "token"  # per token (PPO)
+    # GSPO: one ratio per sample, exp(mean over its valid tokens of (θ - p)), the gradient through
+    # the mean to every token; AReaL's importance_sampling_level=sequence (docs/objective.md)
+    sequence = "sequence"
 
 
 @dataclass
@@ -84,6 +98,13 @@ class AlgoConfig:
     loss_agg: LossAgg = LossAgg.token_mean
     kl_coef: float = 0.0  # > 0: kl_coef * KL(π || reference) added per token; reference = initial weights
     kl_estimator: KLEstimator = KLEstimator.k3
+    importance_level: ImportanceLevel = ImportanceLevel.token  # sequence = GSPO's sequence ratio
+    entropy_coef: float = 0.0  # > 0: entropy bonus, entropy_coef * H(π) per token subtracted from the loss
+    # reward shaping before group advantages, as AReaL: r <- clip((r + reward_bias) * reward_scaling,
+    # ±reward_clip), after the overlong penalty; reward_clip 0 = no clip (AReaL's default is 20)
+    reward_scaling: float = 1.0
+    reward_bias: float = 0.0
+    reward_clip: float = 0.0
     filter_uniform_groups: bool = False  # DAPO dynamic sampling: all-equal-reward groups dropped and replaced
     max_discarded_groups: int = 64  # dynamic sampling: this many uniform groups in a row is an error
     overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens before max_new_tokens
@@ -96,10 +117,12 @@ class AlgoConfig:
             raise ValueError("algo.max_staleness must be >= 0 (0 = synchronous)")
         if self.batch_size < 1:
             raise ValueError("algo.batch_size must be >= 1")
-        if self.group_size < 2 and self.advantage is not Advantage.drgrpo:
+        if self.group_size < 2:
+            # drgrpo's r - mean of a one-answer group is 0 for every sample: a run that trains nothing
             raise ValueError(
-                f"algo.advantage={self.advantage.value} normalises within a group: set "
-                "algo.group_size>=2 or algo.advantage=drgrpo"
+                f"algo.group_size={self.group_size}: algo.advantage={Advantage(self.advantage).value} "
+                "compares each answer with the other answers to its prompt, so a group of one has "
+                "no advantage (drgrpo: always 0; grpo, rloo: undefined): set algo.group_size>=2"
             )
         if self.adv_eps <= 0:
             raise ValueError("algo.adv_eps must be > 0")
@@ -124,6 +147,12 @@ class AlgoConfig:
             raise ValueError("algo.behav_weight_mode=seq_mask needs 0 <= algo.mis_low < 1 < algo.mis_high")
         if self.kl_coef < 0:
             raise ValueError("algo.kl_coef must be >= 0")
+        if self.entropy_coef < 0:
+            raise ValueError("algo.entropy_coef must be >= 0 (0 = no entropy bonus)")
+        if self.reward_scaling <= 0:
+            raise ValueError("algo.reward_scaling must be > 0 (1 = unscaled)")
+        if self.reward_clip < 0:
+            raise ValueError("algo.reward_clip must be >= 0 (0 = no clip)")
         if self.max_discarded_groups < 1:
             raise ValueError("algo.max_discarded_groups must be >= 1")
         if self.overlong_buffer < 0 or self.overlong_penalty < 0:

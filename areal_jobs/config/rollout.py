@@ -75,8 +75,10 @@ class RolloutConfig:
     num_servers: int = 1  # local mode: servers started by launch.local
     tp_size: int = 1  # GPUs per server (cluster mode)
     max_new_tokens: int = 256
+    # the behaviour policy is softmax(logits / temperature): servers return log-probs of it and the
+    # trainer's loss computes the same (docs/objective.md)
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 1.0  # < 1 is refused: see __post_init__
     max_concurrent: int = 128  # in-flight requests (samples) across all servers
     pause_mode: PauseMode = PauseMode.in_place
     request_timeout_s: float = 600.0  # one /generate call (a long answer on a slow CPU)
@@ -100,5 +102,15 @@ class RolloutConfig:
             raise ValueError("rollout.kv_cache_gib must be > 0 (vLLM's KV cache on CPU, in GiB)")
         if self.temperature <= 0:
             raise ValueError("rollout.temperature must be > 0 for RL sampling")
+        if self.top_p != 1.0:
+            # nucleus sampling draws from a truncated, renormalised distribution: SGLang's log-probs
+            # would be of the untruncated one, vLLM's of the truncated one, and the trainer's of
+            # the untruncated one, so the behaviour weight would silently compare different things
+            raise ValueError(
+                f"rollout.top_p={self.top_p}: the trainer's log-probs are of the whole softmax of "
+                "logits / rollout.temperature, not of a top-p nucleus, so the behaviour policy "
+                "would not be the one the loss assumes: set rollout.top_p=1.0 (lower "
+                "rollout.temperature to sharpen sampling instead)"
+            )
         if self.max_concurrent < 1 or self.num_servers < 1 or self.tp_size < 1:
             raise ValueError("rollout.max_concurrent, rollout.num_servers and rollout.tp_size must be >= 1")

@@ -15,15 +15,9 @@ from enum import Enum
 from areal_jobs.config.algo import AlgoConfig
 from areal_jobs.config.trainer import TrainerBackend
 
-# field -> backends that implement values other than the default
-LIMITED: dict[str, tuple[str, ...]] = {
-    # Megatron runs one optimiser step per batch (its schedule accumulates over all micro-batches);
-    # the FSDP backend splits the batch into minibatches like the torch backend
-    "ppo_minibatches": ("torch", "fsdp"),
-    # a reference model is a second frozen copy: only the torch backend keeps one (FSDP and
-    # Megatron would need it sharded like the policy)
-    "kl_coef": ("torch",),
-}
+# field -> backends that implement values other than the default. Empty since issue 26: every
+# backend runs algo.ppo_minibatches > 1 and keeps a reference model for algo.kl_coef > 0
+LIMITED: dict[str, tuple[str, ...]] = {}
 
 # (field, value) -> backends that implement that value, for fields whose values differ in support
 LIMITED_VALUES: dict[tuple[str, str], tuple[str, ...]] = {

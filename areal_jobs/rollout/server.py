@@ -87,6 +87,9 @@ def sglang_command(
 
 def sglang_env(cpu: bool, threads: int) -> dict[str, str]:
     env = dict(os.environ)
+    # behaviour log-probs of the tempered distribution that sampled (SGLang's default, pinned so an
+    # inherited setting cannot switch it to the untempered model's): what the trainer computes
+    env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "false"
     if cpu:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_STUBS_DIR), env.get("PYTHONPATH")]))

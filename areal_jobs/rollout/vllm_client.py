@@ -4,9 +4,10 @@ Generation uses vLLM's token-in/token-out route `POST /inference/v1/generate` (s
 `--enable-scale-out`) rather than `/v1/completions`: the same engine path, but the request id is
 ours (an abort by id means what it says), no text goes over the wire, and every output token comes
 back with the label of the weights that sampled it (`weight_versions` spans), so a segment's version
-is the server's own record, not a guess from the client. Log-probs are vLLM's default
-`raw_logprobs`: the model's log-softmax before temperature / top-p, which is what the trainer
-recomputes.
+is the server's own record, not a guess from the client. Log-probs are vLLM's `processed_logprobs`
+(server flag `--logprobs-mode`, vllm_server.py): the log-softmax of logits / temperature, the
+distribution that sampled, as SGLang returns them and the trainer recomputes (rollout.top_p < 1 is
+refused by the config, so no top-p truncation separates the three).
 
 Pause modes map onto vLLM's RL routes (server env VLLM_SERVER_DEV_MODE=1):
     abort    -> POST /pause?mode=abort   (in-flight requests return their partial tokens)
@@ -75,7 +76,7 @@ class VLLMClient:
         sampling: dict[str, Any] = {
             "max_tokens": request.max_new_tokens,
             # vLLM raises a temperature below 0.01 to 0.01; below that we ask for greedy decoding,
-            # the limit such a request means (log-probs are the raw ones either way)
+            # the limit such a request means (log-probs then are the untempered model's)
             "temperature": request.temperature if request.temperature >= 0.01 else 0.0,
             "top_p": request.top_p,
             "logprobs": 0,  # the sampled token's log-prob only

@@ -57,6 +57,10 @@ def vllm_command(
         "--worker-extension-cls", WORKER_EXTENSION,
         "--middleware", MIDDLEWARE,
         "--enable-scale-out",  # the token-in/token-out route /inference/v1/generate
+        # behaviour log-probs of the distribution that sampled: log-softmax of logits / temperature
+        # (the default raw_logprobs is the untempered model); rollout.top_p < 1 is refused, so
+        # vLLM's top-k/top-p step is the identity and this is what the trainer computes
+        "--logprobs-mode", "processed_logprobs",
         "--uvicorn-log-level", "warning",
         "--disable-uvicorn-access-log",
     ]  # fmt: skip

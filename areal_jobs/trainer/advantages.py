@@ -55,12 +55,20 @@ def whiten(advantages: np.ndarray, num_tokens: np.ndarray, eps: float = 1e-5) ->
 
 
 def overlong_penalty(num_tokens: int, max_new_tokens: int, buffer: int, penalty: float) -> float:
-    """DAPO soft overlong punishment: 0 up to max_new_tokens - buffer, then growing linearly to
-    `penalty` at max_new_tokens (and held there beyond)."""
+    """DAPO soft overlong punishment: 0 up to max_new_tokens - buffer, then growing linearly,
+    `penalty` at max_new_tokens and on at the same slope beyond (an episode longer than one
+    turn's cap), as verl's DAPO reward manager and AReaL's reward_overlong_penalty do."""
     if buffer <= 0:
         return 0.0
     excess = num_tokens - (max_new_tokens - buffer)
-    return penalty * min(max(excess, 0) / buffer, 1.0)
+    return penalty * max(excess, 0) / buffer
+
+
+def shape_rewards(rewards: np.ndarray, scaling: float, bias: float, clip: float) -> np.ndarray:
+    """AReaL's reward scaling (areal/trainer/ppo/actor.py): (r + bias) * scaling, then clipped to
+    [-clip, clip] (clip 0 = no clip). rewards float [G] -> float64 [G]."""
+    shaped = (np.asarray(rewards, dtype=np.float64) + bias) * scaling
+    return np.clip(shaped, -clip, clip) if clip > 0 else shaped
 
 
 def is_uniform(rewards: np.ndarray) -> bool:

@@ -15,7 +15,13 @@ import numpy as np
 from areal_jobs.api import TrainBatch, TrainSample
 from areal_jobs.config import AlgoConfig
 from areal_jobs.data.staleness import is_fresh
-from areal_jobs.trainer.advantages import group_advantages, is_uniform, overlong_penalty, whiten
+from areal_jobs.trainer.advantages import (
+    group_advantages,
+    is_uniform,
+    overlong_penalty,
+    shape_rewards,
+    whiten,
+)
 from areal_jobs.transport.messages import TrajectoryGroup
 
 
@@ -46,10 +52,17 @@ def assemble(
             # the controller already replaces these (dynamic sampling); restored groups land here
             batch.filtered_group_ids.append(g.group_id)
             continue
-        shaped = rewards - [
-            overlong_penalty(s.num_tokens, max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
-            for s in g.samples
-        ]
+        # AReaL's order: the overlong penalty on the raw reward, then bias, scale and clip
+        shaped = shape_rewards(
+            rewards
+            - [
+                overlong_penalty(s.num_tokens, max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
+                for s in g.samples
+            ],
+            algo.reward_scaling,
+            algo.reward_bias,
+            algo.reward_clip,
+        )
         advantages = group_advantages(shaped, algo.advantage, algo.adv_std, algo.adv_eps)
         prompt = g.prompt_ids.astype(np.int64)
         for s, adv, reward in zip(g.samples, advantages, shaped, strict=True):

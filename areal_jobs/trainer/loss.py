@@ -5,13 +5,15 @@ Per output token, with behaviour log-prob b (from the rollout server), proximal 
 (the pre-step policy's: algo.prox_logp, or b itself when algo.decoupled=false), current
 log-prob θ and the sample's advantage A:
     r = exp(θ - p)                                  trust-region ratio (log-ratio not clamped)
+        importance_level=sequence (GSPO): r = exp(mean of θ - p over the sample's valid tokens)
     pg = max(-A r, -A clip(r, 1 - ε_low, 1 + ε_high))           clip-higher when ε_high > ε_low
     pg = min(pg, c |A|)            for A < 0 only                 dual clip, when c > 0
-    w = exp(p - b)                                  behaviour weight, corrected by the mode:
+    w = exp(clamp(p - b, ±20))                      behaviour weight, corrected by the mode:
         drop      w > cap -> 0 (the token still counts in the denominator)
         truncate  w -> min(w, cap)
         seq_mask  w -> 0 on every token of a sample whose exp(mean log w) leaves [low, high]
-    loss_t = w pg + kl_coef * k(θ - ref)            k = k1 / k2 / k3 estimator of KL(π || π_ref)
+    loss_t = w pg + kl_coef * k(θ - ref) - entropy_coef * H_t
+        k = k1 / k2 / k3 estimator of KL(π || π_ref); H_t the policy's entropy at t (with gradient)
     loss = Σ_t a_t loss_t      a_t = the aggregation weight of `token_weights` (0 on masked tokens)
 The a_t are fixed by the whole (mini)batch before the step, so micro-batch losses add up over
 micro-batches and data-parallel ranks to exactly the batch loss: gradients are summed, never
@@ -25,10 +27,18 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from areal_jobs.config.algo import AlgoConfig, BehavWeightMode, KLEstimator, LossAgg
+from areal_jobs.config.algo import AlgoConfig, BehavWeightMode, ImportanceLevel, KLEstimator, LossAgg
 from areal_jobs.trainer.loss_stats import LossStats
 
 __all__ = ["LossStats", "kl_estimate", "loglinear_prox_logp", "ppo_loss", "token_weights"]
+
+# |p - b| beyond this is clamped before exp: verl's SAFETY_BOUND (rollout correction, its TIS and
+# MIS weights). Without it float32 exp overflows at ~88.7 and drop mode's inf * 0 is NaN.
+BEHAV_LOG_RATIO_BOUND = 20.0
+# k3: verl's low_var_kl clamps x to ±20 before exp and the estimate to [-10, 10] (AReaL: the same
+# [-10, 10] on the estimate), so a token far from the reference adds at most 10, with no gradient
+K3_LOG_RATIO_BOUND = 20.0
+K3_BOUND = 10.0
 
 
 def token_weights(masks: Sequence[np.ndarray], agg: LossAgg, max_new_tokens: int = 0) -> list[np.ndarray]:
@@ -61,12 +71,14 @@ def token_weights(masks: Sequence[np.ndarray], agg: LossAgg, max_new_tokens: int
 
 
 def kl_estimate(x: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
-    """x = log π - log π_ref per token -> the estimator's per-token KL(π || π_ref)."""
+    """x = log π - log π_ref per token -> the estimator's per-token KL(π || π_ref).
+    k1 and k2 unclamped (verl); k3 clamped as verl's low_var_kl (module constants)."""
     if estimator is KLEstimator.k1:
         return x
     if estimator is KLEstimator.k2:
         return 0.5 * x * x
-    return torch.exp(-x) - 1.0 + x
+    x = x.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+    return (torch.exp(-x) - 1.0 + x).clamp(-K3_BOUND, K3_BOUND)
 
 
 def loglinear_prox_logp(
@@ -109,8 +121,10 @@ def ppo_loss(
     """Loss contribution of one micro-batch and its statistics (sums).
 
     token_weight: a_t from `token_weights` (0 = masked token). seq_index: int64, which sample of
-    the micro-batch each token belongs to (0, 0, 1, 1, 1, ...). entropy: the current policy's
-    token entropy, for the report only. ref_logp: needed when algo.kl_coef > 0.
+    the micro-batch each token belongs to (0, 0, 1, 1, 1, ...); a sample never straddles
+    micro-batches (the sequence ratio and seq_mask need all its tokens). entropy: the current
+    policy's token entropy, reported, and with algo.entropy_coef > 0 a loss term (it must then
+    carry gradient). ref_logp: needed when algo.kl_coef > 0.
     """
     shape = logp.shape
     if not (
@@ -126,20 +140,23 @@ def ppo_loss(
         )
     if algo.kl_coef > 0 and ref_logp is None:
         raise ValueError("algo.kl_coef > 0 needs the reference log-probs")
+    if algo.entropy_coef > 0 and entropy is None:
+        raise ValueError("algo.entropy_coef > 0 needs the policy's token entropy")
     dtype = logp.dtype
     weight = token_weight.to(dtype)
     mask = (weight > 0).to(dtype)
     prox_logp, behav_logp = prox_logp.detach().to(dtype), behav_logp.detach().to(dtype)
     num_seqs = int(seq_index.max()) + 1 if seq_index.numel() else 0
 
-    log_w = prox_logp - behav_logp
+    # clamped: a behaviour log-prob of -inf (or far below p) must not make inf, nor inf * 0 = NaN
+    log_w = (prox_logp - behav_logp).clamp(-BEHAV_LOG_RATIO_BOUND, BEHAV_LOG_RATIO_BOUND)
     behav_weight = torch.exp(log_w)
     corrected, affected = behav_weight, torch.zeros_like(mask)
     mode, cap = algo.behav_weight_mode, algo.behav_weight_cap
     if mode is BehavWeightMode.drop and cap > 0:
-        over = (behav_weight > cap).to(dtype)
-        affected = mask * over
-        corrected = behav_weight * (1 - over)
+        over = behav_weight > cap
+        affected = mask * over.to(dtype)
+        corrected = torch.where(over, torch.zeros_like(behav_weight), behav_weight)
     elif mode is BehavWeightMode.truncate:
         affected = mask * (behav_weight > cap).to(dtype)
         corrected = torch.clamp(behav_weight, max=cap)
@@ -150,7 +167,13 @@ def ppo_loss(
         affected = mask * outside.to(dtype)[seq_index]
         corrected = behav_weight * (1 - affected)
 
-    ratio = torch.exp(logp - prox_logp)
+    log_ratio = logp - prox_logp
+    if algo.importance_level is ImportanceLevel.sequence:
+        # GSPO as AReaL: the sample's geometric-mean ratio on each of its tokens, its gradient
+        # spread over the tokens through the mean (masked tokens take no part)
+        counts = _per_seq(mask, seq_index, num_seqs)
+        log_ratio = (_per_seq(log_ratio * mask, seq_index, num_seqs) / counts.clamp(min=1))[seq_index]
+    ratio = torch.exp(log_ratio)
     pg_plain = -advantages * ratio
     pg_clipped = -advantages * torch.clamp(ratio, 1.0 - algo.clip_eps, 1.0 + algo.clip_high)
     pg = torch.maximum(pg_plain, pg_clipped)
@@ -164,6 +187,8 @@ def ppo_loss(
     if algo.kl_coef > 0:
         kl = kl_estimate(logp - ref_logp.detach().to(dtype), algo.kl_estimator)
         per_token = per_token + algo.kl_coef * kl
+    if algo.entropy_coef > 0:
+        per_token = per_token - algo.entropy_coef * entropy.to(dtype)
     loss = (per_token * weight).sum()
 
     with torch.no_grad():
@@ -176,7 +201,7 @@ def ppo_loss(
             ratio_sum=float((ratio * mask).sum()),
             behav_weight_sum=float((behav_weight * mask).sum()),
             approx_kl_sum=float(((prox_logp - logp) * mask).sum()),
-            entropy_sum=float((entropy.to(dtype) * mask).sum()) if entropy is not None else 0.0,
+            entropy_sum=float((entropy.detach().to(dtype) * mask).sum()) if entropy is not None else 0.0,
             kl_ref_sum=float((kl * mask).sum()),
             abs_diff_sum=float((log_w.abs() * mask).sum()),
             k3_sum=float(((behav_weight - 1 - log_w) * mask).sum()),

@@ -64,8 +64,9 @@ def token_logprobs(
 
     Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled), on `device`
     (the FSDP backend's GPU; None = CPU); with `with_entropy` also the policy's entropy at each of
-    those positions (detached unless `entropy_grad`). The LM head runs `chunk_tokens` output
-    positions at a time (trainer/logprobs.py); 0 = the path before chunking (`_full_vocab`).
+    those positions, detached unless `entropy_grad` (algo.entropy_coef > 0: a loss term). The LM
+    head runs `chunk_tokens` output positions at a time (trainer/logprobs.py); 0 = the path before
+    chunking (`_full_vocab`).
     """
     packed = pack([s.input_ids for s in samples])
     input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
@@ -183,6 +184,13 @@ def enable_layer_recompute(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def split_minibatches(samples: list[TrainSample], algo: AlgoConfig) -> list[list[int]]:
+    """Sample indices of each optimiser step: `algo.ppo_minibatches` minibatches balanced by
+    output tokens (fewer when the batch has fewer samples). Every backend splits this way."""
+    outputs = [s.num_output_tokens for s in samples]
+    return balanced_microbatches(outputs, sum(outputs), min_count=min(algo.ppo_minibatches, len(samples)))
+
+
 def prox_from_gradient_pass(algo: AlgoConfig, minibatches: list[list[int]]) -> set[int]:
     """Samples whose proximal log-probs the gradient pass supplies (prox_logp=current): those of
     the first minibatch, whose pass runs the pre-step weights. The others need the no-grad pass."""
@@ -265,10 +273,7 @@ class TorchBackend:
         lengths = [len(s.input_ids) for s in samples]
         budget = self.cfg.max_tokens_per_microbatch
         behav = [torch.from_numpy(s.behav_logprobs) for s in samples]
-        outputs = [s.num_output_tokens for s in samples]
-        minibatches = balanced_microbatches(
-            outputs, sum(outputs), min_count=min(self.algo.ppo_minibatches, len(samples))
-        )
+        minibatches = split_minibatches(samples, self.algo)
         loglinear = self.algo.decoupled and self.algo.prox_logp is ProxLogp.loglinear
         from_gradient_pass = prox_from_gradient_pass(self.algo, minibatches)
         if not self.algo.decoupled:
@@ -295,7 +300,12 @@ class TorchBackend:
             for local in balanced_microbatches([lengths[i] for i in minibatch], budget):
                 mb = [minibatch[j] for j in local]
                 num_micro += 1
-                logp, entropy = self._logprobs(self.model, [samples[i] for i in mb], with_entropy=True)
+                logp, entropy = self._logprobs(
+                    self.model,
+                    [samples[i] for i in mb],
+                    with_entropy=True,
+                    entropy_grad=self.algo.entropy_coef > 0,
+                )
                 if loglinear:
                     for i, lp in zip(mb, logp):
                         prox[i] = loglinear_prox_logp(

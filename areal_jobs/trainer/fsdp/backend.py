@@ -8,7 +8,9 @@ One `train_step`, on every rank at once:
      empty ones, which run a one-token forward so the FSDP collectives stay in step);
   2. proximal log-probs of this rank's samples with the pre-step weights (forward only), except
      with algo.prox_logp=current (the default) for the first minibatch, whose gradient pass
-     runs those weights and supplies them (with one minibatch: no proximal pass at all);
+     runs those weights and supplies them (with one minibatch: no proximal pass at all); with
+     algo.kl_coef > 0 the reference log-probs of this rank's samples, from a frozen copy of the
+     initial weights sharded like the policy (fully_shard, no optimiser), once per batch;
   3. the torch backend's schedule: `algo.ppo_minibatches` token-balanced minibatches, each split
      over the DP ranks, the project's `ppo_loss` normalised by the minibatch's output
      tokens, clipping at `trainer.grad_clip` and one AdamW step. FSDP averages gradients over
@@ -49,6 +51,7 @@ from areal_jobs.trainer.torch_backend import (
     enable_layer_recompute,
     loss_inputs,
     prox_from_gradient_pass,
+    split_minibatches,
     step_weights,
     token_logprobs,
 )
@@ -98,6 +101,7 @@ class FSDPBackend:
         self.dtype = dtype
         self.temperature = temperature  # rollout.temperature: the policy that sampled the batch
         self.model: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None  # frozen initial weights, for algo.kl_coef > 0
         self.optimizer: torch.optim.Optimizer | None = None
 
     def setup(self) -> None:
@@ -120,6 +124,13 @@ class FSDPBackend:
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.model = fsdp_state.shard(model, self.cfg.fsdp_mixed_precision, self.device)
         self.model.train()
+        if self.algo.kl_coef > 0:
+            reference = AutoModelForCausalLM.from_pretrained(
+                self.model_path,
+                dtype=getattr(torch, self.dtype.value),
+                attn_implementation=hf_attn_implementation(self.cfg.attention),
+            ).requires_grad_(False)
+            self.reference = fsdp_state.shard(reference, self.cfg.fsdp_mixed_precision, self.device).eval()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.cfg.lr,
@@ -129,21 +140,25 @@ class FSDPBackend:
 
     # ------------------------------------------------------------------ training
 
-    def _logprobs(self, samples: list[TrainSample], *, with_entropy: bool = False):
-        """This rank's micro-batch; an empty one runs a two-token stand-in through the same path
-        (FSDP all-gathers and reduce-scatters are collective: every rank must touch the same
-        parameters) and returns [] with a zero `dummy` attached for the backward. With
-        `with_entropy`, (log-probs, entropies) as token_logprobs returns them."""
-        assert self.model is not None
+    def _logprobs(self, samples: list[TrainSample], *, with_entropy: bool = False, model=None):
+        """This rank's micro-batch under `model` (the policy by default); an empty one runs a
+        two-token stand-in through the same path (FSDP all-gathers and reduce-scatters are
+        collective: every rank must touch the same parameters) and returns [] with a zero `dummy`
+        attached for the backward. With `with_entropy`, (log-probs, entropies) as token_logprobs
+        returns them (the entropies with gradient when algo.entropy_coef > 0)."""
+        model = self.model if model is None else model
+        assert model is not None
         kwargs = dict(
             device=self.device, temperature=self.temperature, chunk_tokens=self.cfg.logprob_chunk_tokens
         )
         if samples:
-            return token_logprobs(self.model, samples, with_entropy=with_entropy, **kwargs)
+            return token_logprobs(
+                model, samples, with_entropy=with_entropy, entropy_grad=self.algo.entropy_coef > 0, **kwargs
+            )
         stand_in = TrainSample(
             "", np.zeros(2, np.int64), 1, np.zeros(1, np.float32), np.zeros(1, np.int32), 0.0, 0.0
         )
-        self._dummy = token_logprobs(self.model, [stand_in], **kwargs)[0].sum() * 0.0
+        self._dummy = token_logprobs(model, [stand_in], **kwargs)[0].sum() * 0.0
         return ([], []) if with_entropy else []
 
     def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
@@ -158,34 +173,43 @@ class FSDPBackend:
         outputs = [s.num_output_tokens for s in samples]
         budget = self.cfg.max_tokens_per_microbatch
         behav = {i: torch.from_numpy(s.behav_logprobs) for i, s in enumerate(samples)}
-        minibatches = _minibatches(outputs, min(self.algo.ppo_minibatches, len(samples)))
+        minibatches = split_minibatches(samples, self.algo)
+        # this rank's micro-batches (sample indices) of each optimiser step; every pass below runs
+        # exactly these, so a sample's p and reference log-probs are computed on the rank that
+        # trains it, and every rank runs the same count (the FSDP collectives stay in step)
+        steps = [
+            [
+                [minibatch[j] for j in local]
+                for local in plan_microbatches([lengths[i] for i in minibatch], self.world, budget)[self.rank]
+            ]
+            for minibatch in minibatches
+        ]
         prox = dict(behav)  # standard PPO: the behaviour policy is the trust-region anchor
         gap = torch.zeros(2, dtype=torch.float64)  # sum |prox - behav| and tokens, this rank
         # prox_logp=current: the first minibatch's gradient pass runs the pre-step weights and
-        # supplies p for its own samples; the pass below covers only the others (the same set on
-        # every rank, so the FSDP collectives stay in step)
+        # supplies p for its own samples; the pass below covers only the others
         from_gradient_pass = prox_from_gradient_pass(self.algo, minibatches)
-        if self.algo.decoupled:
-            need = [i for i in range(len(samples)) if i not in from_gradient_pass]
-            with torch.no_grad():
-                for local in (
-                    plan_microbatches([lengths[i] for i in need], self.world, budget)[self.rank]
-                    if need
-                    else []
-                ):
-                    mb = [need[j] for j in local]
+        with torch.no_grad():
+            for k, step in enumerate(steps):
+                if not self.algo.decoupled or (k == 0 and from_gradient_pass):
+                    continue
+                for mb in step:
                     for i, lp in zip(mb, self._logprobs([samples[i] for i in mb])):
                         prox[i] = lp.detach().cpu()
                         gap += torch.tensor([float((prox[i] - behav[i]).abs().sum()), outputs[i]])
+        ref: dict[int, torch.Tensor] = {}
+        if self.reference is not None:
+            with torch.no_grad():
+                for mb in (mb for step in steps for mb in step):
+                    for i, lp in zip(mb, self._logprobs([samples[i] for i in mb], model=self.reference)):
+                        ref[i] = lp.detach().cpu()
         t_prox = time.perf_counter()
         stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
-        for k, minibatch in enumerate(minibatches):
+        for k, (minibatch, step) in enumerate(zip(minibatches, steps, strict=True)):
             # aggregation weights over this optimiser step's samples (loss.py), the same on every rank
             agg = step_weights(samples, minibatch, self.algo, batch.max_new_tokens)
             self.optimizer.zero_grad(set_to_none=True)
-            plan = plan_microbatches([lengths[i] for i in minibatch], self.world, budget)[self.rank]
-            for local in plan:
-                mb = [minibatch[j] for j in local]
+            for mb in step:
                 num_micro += 1
                 logp, entropy = self._logprobs([samples[i] for i in mb], with_entropy=True)
                 if not mb:
@@ -202,6 +226,7 @@ class FSDPBackend:
                     **loss_inputs([samples[i] for i in mb], [agg[i] for i in mb]),
                     algo=self.algo,
                     entropy=torch.cat(entropy).cpu(),
+                    ref_logp=torch.cat([ref[i] for i in mb]) if ref else None,
                 )
                 (loss * self.world).backward()
                 total_loss += float(loss.detach())
@@ -282,12 +307,6 @@ class FSDPBackend:
             fsdp_state.write_hf(path, tensors, self.model.config, self.architecture, self.model_path)
         if self.world > 1:
             dist.barrier()
-
-
-def _minibatches(outputs: list[int], count: int) -> list[list[int]]:
-    from areal_jobs.data.packing import balanced_microbatches
-
-    return balanced_microbatches(outputs, sum(outputs), min_count=count)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -2,16 +2,21 @@
 
 A drop-in for the torch backend: same batches in, same loss, HF-named weights out.
 One `train_step`:
-  1. rank 0's TrainBatch is broadcast (transport/batch_codec.py bytes, no pickle); its samples are split over DP ranks (balanced by tokens)
-     and packed into micro-batches under `trainer.max_tokens_per_microbatch`, with the same
-     number of micro-batches on every DP rank (padded with empty ones);
-  2. proximal log-probs for every micro-batch with the pre-step weights (forward only), with
-     algo.prox_logp=recompute; with current (the default) the gradient pass of step 3 runs
-     those very weights (one optimiser step per batch) and its own log-probs, detached, are p;
-  3. forward/backward of the decoupled PPO loss over all micro-batches. Each micro-batch's loss
-     is already divided by the output-token count of the whole global batch (trainer/loss.py),
-     so gradients are summed over micro-batches and DP ranks, never averaged; then clipping
-     at `trainer.grad_clip` and one AdamW step of Megatron's distributed optimizer.
+  1. rank 0's TrainBatch is broadcast (transport/batch_codec.py bytes, no pickle); it is split
+     into the torch backend's `algo.ppo_minibatches` token-balanced minibatches
+     (torch_backend.split_minibatches); each minibatch's samples are split over DP ranks
+     (balanced by tokens) and packed into micro-batches under `trainer.max_tokens_per_microbatch`,
+     with the same number of micro-batches on every DP rank (padded with empty ones);
+  2. before the first optimiser step, forward-only passes with the pre-step weights: proximal
+     log-probs for the samples the gradient pass does not supply (torch_backend.
+     prox_from_gradient_pass: with algo.prox_logp=current only the later minibatches', since the
+     first minibatch's gradient pass runs those very weights; recompute: all), and with
+     algo.kl_coef > 0 the reference log-probs of every sample from a frozen second GPTModel
+     with the policy's TP/PP layout (no DDP, no optimiser);
+  3. per minibatch, forward/backward of the decoupled PPO loss over its micro-batches. Each
+     micro-batch's loss is already divided by the output-token count of its minibatch
+     (trainer/loss.py), so gradients are summed over micro-batches and DP ranks, never averaged;
+     then clipping at `trainer.grad_clip` and one AdamW step of Megatron's distributed optimizer.
 Log-probs and entropy: the last stage returns the final hidden states and megatron/head.py
 applies the output weight vocab-parallel, `trainer.logprob_chunk_tokens` output positions at a
 time, at `rollout.temperature`; the padded vocab columns are left out, so the softmax is over the
@@ -50,17 +55,17 @@ from megatron.core.transformer.module import Float16Module
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, Attention, DType, TrainerConfig
-from areal_jobs.config.algo import ProxLogp
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
-from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
+from areal_jobs.trainer.loss import LossStats, ppo_loss
 from areal_jobs.trainer.megatron import model as megatron_model
 from areal_jobs.trainer.megatron import weights as megatron_weights
 from areal_jobs.trainer.megatron.convert import ModelDims, ParamMap, param_maps
 from areal_jobs.trainer.megatron.dist import init_distributed
 from areal_jobs.trainer.megatron.head import OutputHead
 from areal_jobs.trainer.megatron.microbatch import MicroBatch, build_microbatch
+from areal_jobs.trainer.torch_backend import prox_from_gradient_pass, split_minibatches, step_weights
 
 logger = logging.getLogger(__name__)
 
@@ -132,18 +137,23 @@ class MegatronBackend:
             use_te=self._use_te,
             recompute=cfg.recompute,
         )
-        self._gpt = megatron_model.build_gpt(self.dims, config, use_te=self._use_te)
-        megatron_weights.load_hf_weights(
-            self._gpt,
-            self._model_path,
-            self.dims,
-            tp_size=cfg.tp_size,
-            tp_rank=self._tp_rank,
-            pp_size=cfg.pp_size,
-            pp_rank=self._pp_rank,
-            te_fused_norms=self._use_te,
-        )
+        self._gpt = self._load_gpt(config)
         module = Float16Module(config, self._gpt) if self._dtype != torch.float32 else self._gpt
+        # algo.kl_coef > 0: the initial weights, frozen, sharded like the policy (same TP/PP
+        # layout, its own config so no DDP hook reaches it); used forward-only, once per batch
+        self._reference: torch.nn.Module | None = None
+        self._ref_head: OutputHead | None = None
+        if self._algo.kl_coef > 0:
+            ref_config = megatron_model.transformer_config(
+                self.dims,
+                tp_size=cfg.tp_size,
+                pp_size=cfg.pp_size,
+                params_dtype=self._dtype,
+                use_te=self._use_te,
+            )  # no recompute: it never runs a backward
+            ref = self._load_gpt(ref_config).requires_grad_(False).eval()
+            self._reference = Float16Module(ref_config, ref) if self._dtype != torch.float32 else ref
+            self._ref_head = self._output_head(ref)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -165,13 +175,32 @@ class MegatronBackend:
         )
         # {} = one group, weight decay on every parameter, as the torch backend's AdamW does
         self._optimizer = get_megatron_optimizer(opt_config, [self._ddp], config_overrides={})
-        self._head = OutputHead(
-            self._gpt,
+        self._head = self._output_head(self._gpt)
+
+    def _load_gpt(self, config) -> torch.nn.Module:
+        """This stage's GPTModel with the HF weights (its TP shards)."""
+        cfg = self._cfg
+        gpt = megatron_model.build_gpt(self.dims, config, use_te=self._use_te)
+        megatron_weights.load_hf_weights(
+            gpt,
+            self._model_path,
             self.dims,
             tp_size=cfg.tp_size,
             tp_rank=self._tp_rank,
+            pp_size=cfg.pp_size,
+            pp_rank=self._pp_rank,
+            te_fused_norms=self._use_te,
+        )
+        return gpt
+
+    def _output_head(self, gpt) -> OutputHead:
+        return OutputHead(
+            gpt,
+            self.dims,
+            tp_size=self._cfg.tp_size,
+            tp_rank=self._tp_rank,
             temperature=self._temperature,
-            chunk_tokens=cfg.logprob_chunk_tokens,
+            chunk_tokens=self._cfg.logprob_chunk_tokens,
         )
 
     # ------------------------------------------------------------------------------ training
@@ -182,48 +211,87 @@ class MegatronBackend:
         if not batch.samples:
             return {"train/skipped_empty_batch": 1.0}
         self._num_global_tokens = float(batch.num_output_tokens)
-        lengths = [len(s.input_ids) for s in batch.samples]
-        plan = plan_microbatches(lengths, self._cfg.dp_size, self._cfg.max_tokens_per_microbatch)
-        # one optimiser step over the whole batch (algo.ppo_minibatches > 1 is refused in config)
-        agg = token_weights([s.mask() for s in batch.samples], self._algo.loss_agg, batch.max_new_tokens)
-        microbatches = [
-            build_microbatch(
-                [batch.samples[i] for i in mb], [agg[i] for i in mb], device=self._device, thd=self._thd
+        samples = batch.samples
+        lengths = [len(s.input_ids) for s in samples]
+        minibatches = split_minibatches(samples, self._algo)
+        steps: list[list[MicroBatch]] = []  # this DP rank's micro-batches, per optimiser step
+        for minibatch in minibatches:
+            agg = step_weights(samples, minibatch, self._algo, batch.max_new_tokens)
+            plan = plan_microbatches(
+                [lengths[i] for i in minibatch], self._cfg.dp_size, self._cfg.max_tokens_per_microbatch
             )
-            for mb in plan[self._dp_rank]
-        ]
+            steps.append(
+                [
+                    build_microbatch(
+                        [samples[minibatch[j]] for j in local],
+                        [agg[minibatch[j]] for j in local],
+                        device=self._device,
+                        thd=self._thd,
+                    )
+                    for local in plan[self._dp_rank]
+                ]
+            )
 
-        # prox_logp=current leaves mb.prox_logp None: _ppo_loss takes the gradient pass's own
-        # log-probs, which run the pre-step weights (one optimiser step per batch)
+        # prox_logp=current leaves the first minibatch's mb.prox_logp None: _ppo_loss takes the
+        # gradient pass's own log-probs, which run the pre-step weights
+        from_gradient_pass = prox_from_gradient_pass(self._algo, minibatches)
         if not self._algo.decoupled:
-            for mb in microbatches:
+            for mb in (mb for step in steps for mb in step):
                 mb.prox_logp = mb.behav_logp
-        elif self._algo.prox_logp is ProxLogp.recompute:
-            with torch.no_grad():
-                outputs = self._run_schedule(microbatches, self._logp_loss, forward_only=True)
-            for mb, out in zip(microbatches, outputs, strict=False):  # only the last stage has outputs
-                mb.prox_logp = out["logp"]
+        else:
+            need = [mb for k, step in enumerate(steps) if not (k == 0 and from_gradient_pass) for mb in step]
+            if need:  # the same micro-batch count on every rank: the schedules stay in step
+                for mb, logp in self._forward_logp(need, self._ddp, self._head):
+                    mb.prox_logp = logp
+        if self._reference is not None:
+            all_mbs = [mb for step in steps for mb in step]
+            for mb, logp in self._forward_logp(all_mbs, self._reference, self._ref_head):
+                mb.ref_logp = logp
         prox_s = time.perf_counter() - start
 
-        self._ddp.zero_grad_buffer()
-        self._optimizer.zero_grad()
-        outputs = self._run_schedule(microbatches, self._ppo_loss, forward_only=False)
-        finalize_model_grads([self._ddp])
-        update_ok, grad_norm, _ = self._optimizer.step()
-        if not update_ok:
-            raise RuntimeError("Megatron optimizer step was skipped (non-finite gradients)")
+        outputs, grad_norms = [], []
+        for step in steps:
+            self._ddp.zero_grad_buffer()
+            self._optimizer.zero_grad()
+            outputs += self._run_schedule(step, self._ppo_loss, forward_only=False)
+            finalize_model_grads([self._ddp])
+            update_ok, grad_norm, _ = self._optimizer.step()
+            if not update_ok:
+                raise RuntimeError("Megatron optimizer step was skipped (non-finite gradients)")
+            grad_norms.append(float(grad_norm or 0.0))
+        microbatches = [mb for step in steps for mb in step]
         metrics = self._reduce_metrics(outputs, microbatches)
         return {
             **metrics,
-            "train/grad_norm": float(grad_norm or 0.0),
+            "train/loss": metrics["train/loss"] / len(steps),  # mean over the minibatches' losses
+            "train/grad_norm": max(grad_norms),
             "train/num_tokens": float(batch.num_output_tokens),
             "train/num_sequences": float(len(batch.samples)),
             "train/num_microbatches": float(len(microbatches)),
+            "train/num_minibatches": float(len(steps)),
             "time/prox_logp_s": prox_s,
             "time/train_s": time.perf_counter() - start,
         }
 
-    def _run_schedule(self, microbatches: list[MicroBatch], loss_fn, *, forward_only: bool) -> list[dict]:
+    @torch.no_grad()
+    def _forward_logp(
+        self, microbatches: list[MicroBatch], model: torch.nn.Module, head: OutputHead
+    ) -> list[tuple[MicroBatch, torch.Tensor]]:
+        """Forward-only log-probs of the output tokens under `model` (its output layer `head`), as
+        (micro-batch, [n]) pairs (on the last pipeline stage; the others get none)."""
+        outputs = self._run_schedule(
+            microbatches, partial(self._logp_loss, head), forward_only=True, model=model
+        )
+        return list(zip(microbatches, (out["logp"] for out in outputs), strict=False))
+
+    def _run_schedule(
+        self,
+        microbatches: list[MicroBatch],
+        loss_fn,
+        *,
+        forward_only: bool,
+        model: torch.nn.Module | None = None,
+    ) -> list[dict]:
         # bf16: the last stage's hidden states stay bf16 (Float16Module would upcast them to fp32)
         extra = {} if self._dtype == torch.float32 else {"fp32_output": False}
 
@@ -241,7 +309,7 @@ class MegatronBackend:
         return get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=iter(microbatches),
-            model=[self._ddp],
+            model=[self._ddp if model is None else model],
             num_microbatches=len(microbatches),
             seq_length=max(mb.num_tokens for mb in microbatches),  # ignored with variable lengths
             micro_batch_size=1,
@@ -280,8 +348,8 @@ class MegatronBackend:
         )
         return outputs[0]["logits"] if outputs else None
 
-    def _logp_loss(self, mb: MicroBatch, hidden: torch.Tensor):
-        logp, _ = self._head.logprobs(hidden, mb)
+    def _logp_loss(self, head: OutputHead, mb: MicroBatch, hidden: torch.Tensor):
+        logp, _ = head.logprobs(hidden, mb)
         return (
             hidden.new_zeros(()),
             torch.tensor(0, dtype=torch.int),
@@ -289,7 +357,7 @@ class MegatronBackend:
         )
 
     def _ppo_loss(self, mb: MicroBatch, hidden: torch.Tensor):
-        logp, entropy = self._head.logprobs(hidden, mb)
+        logp, entropy = self._head.logprobs(hidden, mb, entropy_grad=self._algo.entropy_coef > 0)
         if mb.prox_logp is None:  # prox_logp=current: these are the pre-step weights' log-probs
             mb.prox_logp = logp.detach()
         loss, stats = ppo_loss(
@@ -301,6 +369,7 @@ class MegatronBackend:
             mb.seq_index,
             self._algo,
             entropy=entropy,
+            ref_logp=mb.ref_logp,
         )
         # (loss, token count, report): with calculate_per_token_loss Megatron leaves loss unscaled
         return (

@@ -34,6 +34,7 @@ class MicroBatch:
     attention_mask: torch.Tensor | None  # bool [1, 1, T, T], True = masked (dense attention)
     packed_seq_params: PackedSeqParams | None  # THD (varlen attention, TE or ours)
     prox_logp: torch.Tensor | None = None  # float32 [n]: before the gradient pass, or in it (current)
+    ref_logp: torch.Tensor | None = None  # float32 [n]: the reference model's (algo.kl_coef > 0)
 
     @property
     def num_tokens(self) -> int:

@@ -47,12 +47,36 @@ CASES: dict[str, dict] = {
     "mask_truncated": dict(mask_truncated=True),
     "filter_uniform": dict(filter_uniform_groups=True),
     "temperature_0p7": {},  # the sampling temperature (TEMPERATURE): every backend's softmax(z / 0.7)
+    # issue 26: several optimiser steps per batch; later minibatches see a moved policy (r != 1)
+    "minibatches_2": dict(ppo_minibatches=2),
+    "minibatches_4": dict(ppo_minibatches=4),
+    "minibatches_4_recompute": dict(ppo_minibatches=4, prox_logp="recompute"),
+    # KL to the initial weights is 0 at the first step (θ = ref): the second minibatch shows it
+    "kl_k1": dict(ppo_minibatches=2, kl_coef=0.5, kl_estimator="k1"),
+    "kl_k2": dict(ppo_minibatches=2, kl_coef=0.5, kl_estimator="k2"),
+    "kl_k3": dict(ppo_minibatches=2, kl_coef=0.5, kl_estimator="k3"),
+    "gspo": dict(decoupled=False, importance_level="sequence"),
+    "gspo_minibatches": dict(ppo_minibatches=2, importance_level="sequence"),
+    "entropy_bonus": dict(entropy_coef=0.05),
+    # GRPO cancels scale and bias, not the clip: group [0.3, 0.7, 1.0] -> [-2, 2, 5 -> 3]
+    "reward_shaping": dict(reward_scaling=10.0, reward_bias=-0.5, reward_clip=3.0),
+}
+# train steps per case (1 when not listed), compared after the last: the second step of kl_k3
+# checks that the reference stayed the initial weights while the policy moved
+STEPS = {"kl_k3": 2}
+# the case each one must differ from (test_cases_exercise_their_knob); default when not listed
+BASELINE = {
+    "minibatches_4_recompute": "minibatches_4",
+    "kl_k1": "minibatches_2",
+    "kl_k2": "minibatches_2",
+    "kl_k3": "minibatches_2",
+    "gspo_minibatches": "minibatches_2",
 }
 # rollout.temperature per case (1.0 where absent): the trainer's log-probs are of the tempered
 # policy, so it changes the loss without being an AlgoConfig field
 TEMPERATURE = {"temperature_0p7": 0.7}
-# kl_estimator acts only with kl_coef; prox_logp=loglinear: torch only (LIMITED_VALUES)
-REFUSED = {"ppo_minibatches": 2, "kl_coef": 0.1, "kl_estimator": None, "prox_logp": "loglinear"}
+# prox_logp=loglinear: torch only (LIMITED_VALUES)
+REFUSED = {"prox_logp": "loglinear"}
 NOT_OBJECTIVE = {"max_staleness", "batch_size", "group_size", "max_discarded_groups"}
 
 # How the step is computed, not what it computes: trainer.* settings (on the default objective)
@@ -85,6 +109,8 @@ def algo_for(case: str):
         AdvStd,
         AlgoConfig,
         BehavWeightMode,
+        ImportanceLevel,
+        KLEstimator,
         LossAgg,
         ProxLogp,
     )
@@ -95,6 +121,8 @@ def algo_for(case: str):
         "behav_weight_mode": BehavWeightMode,
         "loss_agg": LossAgg,
         "prox_logp": ProxLogp,
+        "kl_estimator": KLEstimator,
+        "importance_level": ImportanceLevel,
     }
     fields = {k: enums[k](v) if k in enums else v for k, v in CASES.get(case, {}).items()}
     return AlgoConfig(**BASE, **fields)
@@ -166,8 +194,10 @@ def forward_counter(root):
 
 
 def _step(backend, root, case: str, rank: int) -> dict:
+    """The case's train steps (STEPS) on `backend`; the metrics of the last."""
     counts, remove = forward_counter(root)
-    metrics = backend.train_step(batch_for(case) if rank == 0 else None)
+    for _ in range(STEPS.get(case, 1)):
+        metrics = backend.train_step(batch_for(case) if rank == 0 else None)
     remove()
     return {"metrics": metrics, "forwards": dict(counts)}
 
@@ -188,12 +218,14 @@ def _each_case(make_backend, root_of, rank: int, cases: list[str]) -> dict:
     return out
 
 
-def megatron_worker(rank: int, world: int, tp: int, dp: int, model_dir: str, cases: list[str]) -> dict:
+def megatron_worker(
+    rank: int, world: int, tp: int, pp: int, dp: int, model_dir: str, cases: list[str]
+) -> dict:
     from areal_jobs.config import DType
     from areal_jobs.trainer.megatron.backend import MegatronBackend
     from areal_jobs.trainer.megatron.dist import init_distributed
 
-    cfg = trainer_config(tp, 1, dp)
+    cfg = trainer_config(tp, pp, dp)
     init_distributed(cfg, timeout_s=120.0)
     return _each_case(
         lambda case: MegatronBackend(

@@ -5,7 +5,9 @@ max_new_tokens, an all-equal-reward group, holes in two samples' loss masks, beh
 log-probs 1-2 versions stale. Each case of CASES (derived from the AlgoConfig schema) runs one
 train step on fresh weights of a tiny random Qwen2 (tied embeddings, vocab 200 padded to 256)
 on the torch backend, on Megatron at TP=1 and at TP=2 x DP=2, and on FSDP2 at DP=2 (gloo, one
-spawned process per rank, reused across cases). Compared against torch, per case:
+spawned process per rank, reused across cases); Megatron at PP=2 runs the cases whose passes
+cross its pipeline schedule in new ways (several optimiser steps, the reference model's
+forward-only pass, the entropy's gradient). Compared against torch, per case:
   train/loss            |d| < 1e-6          (loss of order 0.1-1, fp32)
   train/grad_norm       |d| < 1e-4 relative
   updated weights       ||d|| / ||update|| < 1e-3 (harness.update_diff) and max |d| < 3e-4: the
@@ -15,8 +17,10 @@ spawned process per rank, reused across cases). Compared against torch, per case
   ppo/*, mismatch/*     |d| < 1e-5          (fractions: every token decides the same way)
 The case temperature_0p7 sets rollout.temperature (contract_cases.TEMPERATURE): every backend's
 log-probs are of softmax(logits / 0.7), the policy that sampled.
-Knobs a backend does not implement are refused by the config, naming the override
-(config/support.py: Megatron ppo_minibatches > 1 and kl_coef; FSDP kl_coef).
+The matrix holds several optimiser steps per batch (2 and 4 minibatches, current and recompute),
+the reference KL with each estimator, GSPO's sequence ratio, the entropy bonus and reward
+shaping (issue 26). Knobs a backend does not implement are refused by the config, naming the
+override (config/support.py: prox_logp=loglinear on Megatron and FSDP).
 
 How the step is computed (TRAINER_CASES: trainer.recompute=full|selective, trainer.attention=
 dense) must not change it: each runs the default objective on every backend that implements it,
@@ -36,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from contract_cases import (
+    BASELINE,
     CASES,
     NOT_OBJECTIVE,
     REFUSED,
@@ -60,12 +65,20 @@ GRAD_REL_TOL = 1e-4
 WEIGHT_TOL = 3e-4
 UPDATE_TOL = 1e-3
 METRIC_TOL = 1e-5
-# prox_logp=recompute: the pass that the default (current) skips gives the same p
-SAME_AS_DEFAULT = {"prox_recompute"}
-LAYOUTS = {"tp1": (1, 1), "tp2dp2": (2, 2)}  # Megatron (tp, dp)
+# prox_logp=recompute: the pass that current skips gives the same p (case -> the case it equals)
+SAME_AS = {"prox_recompute": "default", "minibatches_4_recompute": "minibatches_4"}
+LAYOUTS = {"tp1": (1, 1, 1), "tp2dp2": (2, 1, 2), "pp2": (1, 2, 1)}  # Megatron (tp, pp, dp)
+# layouts that run only some cases (every other layout runs all of CASES)
+PARTIAL = {"pp2": ["default", "minibatches_4", "kl_k3", "entropy_bonus", "gspo_minibatches"]}
 FSDP_WORLD = 2
 COMPARED = [*LAYOUTS, "fsdp_dp2"]
-BACKEND_OF = {"torch": "torch", "tp1": "megatron", "tp2dp2": "megatron", "fsdp_dp2": "fsdp"}
+BACKEND_OF = {
+    "torch": "torch",
+    "tp1": "megatron",
+    "tp2dp2": "megatron",
+    "pp2": "megatron",
+    "fsdp_dp2": "fsdp",
+}
 
 
 def test_every_algo_field_is_covered():
@@ -96,8 +109,10 @@ def results(tmp_path_factory):
     model = str(make_tiny_hf(tmp_path_factory.mktemp("contract") / "qwen2", "qwen2", tied=True, seed=3))
     cases = [*CASES, *TRAINER_CASES]
     out = {"torch": run_ranks(torch_worker, 1, model, cases, timeout_s=300)[0]}
-    for name, (tp, dp) in LAYOUTS.items():
-        out[name] = run_ranks(megatron_worker, tp * dp, tp, dp, model, cases, timeout_s=300)
+    for name, (tp, pp, dp) in LAYOUTS.items():
+        out[name] = run_ranks(
+            megatron_worker, tp * pp * dp, tp, pp, dp, model, PARTIAL.get(name, cases), timeout_s=300
+        )
     out["fsdp_dp2"] = run_fsdp_ranks(fsdp_worker, FSDP_WORLD, model, cases, timeout_s=300)
     return out
 
@@ -119,8 +134,8 @@ def test_backends_agree_on_every_case(results):
         ref = torch_out[reference]["metrics"]
         assert batch_for(case).samples, case
         for layout in [*COMPARED, "torch"] if case in TRAINER_CASES else COMPARED:
-            if not runs_on(case, BACKEND_OF[layout]):
-                continue  # refused by that backend's config: test_trainer_refusals
+            if not runs_on(case, BACKEND_OF[layout]) or case not in PARTIAL.get(layout, [case]):
+                continue  # refused by that backend's config (test_trainer_refusals), or not run there
             ranks = [results["torch"]] if layout == "torch" else results[layout]
             got = ranks[0][case]["metrics"]
             weight_diff, update_rel = update_diff(merged(ranks, case), torch_out[reference]["after"], before)
@@ -151,27 +166,28 @@ def test_cases_exercise_their_knob(results):
     """A case that changes nothing would pass vacuously: each knob must move the torch loss or
     its statistics away from the default's."""
     t = results["torch"]
-    default = t["default"]["metrics"]
     for case in CASES:  # TRAINER_CASES: test_trainer_cases_run_their_mode
         if case == "default":
             continue
         m = t[case]["metrics"]
-        if case in SAME_AS_DEFAULT:  # another way to the same numbers: it must give them
-            assert abs(m["train/loss"] - default["train/loss"]) < LOSS_TOL, case
-            assert all(
-                abs(m[k] - default[k]) < METRIC_TOL for k in m if k.startswith(("ppo/", "mismatch/"))
-            ), case
+        if case in SAME_AS:  # another way to the same numbers: it must give them
+            same = t[SAME_AS[case]]["metrics"]
+            assert abs(m["train/loss"] - same["train/loss"]) < LOSS_TOL, case
+            assert all(abs(m[k] - same[k]) < METRIC_TOL for k in m if k.startswith(("ppo/", "mismatch/"))), (
+                case
+            )
             continue
-        moved = abs(m["train/loss"] - default["train/loss"]) > 1e-7 or any(
-            abs(m[k] - default[k]) > 1e-7 for k in m if k.startswith(("ppo/", "mismatch/", "train/num_"))
+        base = t[BASELINE.get(case, "default")]["metrics"]
+        moved = abs(m["train/loss"] - base["train/loss"]) > 1e-7 or any(
+            abs(m[k] - base[k]) > 1e-7 for k in m if k.startswith(("ppo/", "mismatch/", "train/num_"))
         )
-        assert moved, f"case {case} trains exactly like the default"
+        assert moved, f"case {case} trains exactly like {BASELINE.get(case, 'default')}"
 
 
 def test_trainer_cases_run_their_mode(results):
     """Same numbers, other work: full recompute runs every decoder layer again in backward,
     selective only the core attention; dense attention runs what the default runs."""
-    for layout in ["torch", *COMPARED]:
+    for layout in ["torch", *(name for name in COMPARED if name not in PARTIAL)]:
         out = results[layout] if layout == "torch" else results[layout][0]
         base = out["default"]["forwards"]
         assert base["layers"] > 0 and base["attention"] > 0, (layout, base)

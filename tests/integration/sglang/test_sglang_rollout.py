@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 import torch
-from sglang_harness import Broadcaster, client_for
+from sglang_harness import Broadcaster, client_for, logprob_gaps
 
 from areal_jobs.api import GenerateRequest
 from areal_jobs.config import AlgoConfig, DataConfig, DType, RolloutConfig, TrainerConfig
@@ -78,6 +78,24 @@ def test_server_logprobs_match_trainer_recomputation(sglang_server, tiny_model_d
     )
     assert diff.size > 50
     assert diff.mean() < 1e-3 and diff.max() < 1e-2
+
+
+def test_server_logprobs_are_of_the_tempered_distribution(sglang_server, tiny_model_dir, record_property):
+    """issue 26: sampled at temperature 0.7, the server's behaviour log-probs are
+    log_softmax(logits / 0.7) of the same model, as tightly as the 1.0 parity above; the
+    untempered model's are far off (so this test sees which one the server returns)."""
+    inputs = prompts(tiny_model_dir, 8)
+    responses = asyncio.run(generate_all(sglang_server, inputs, 48, 0.7))
+    tempered, untempered = logprob_gaps(trainer(tiny_model_dir).model, inputs, responses, 0.7)
+    record_property("tempered_max_abs_diff", float(tempered.max()))
+    record_property("tempered_mean_abs_diff", float(tempered.mean()))
+    print(
+        f"\nSGLang log-prob |server - log_softmax(logits / 0.7)| over {tempered.size} tokens: "
+        f"max {tempered.max():.2e}, mean {tempered.mean():.2e}; untempered mean {untempered.mean():.2e}"
+    )
+    assert tempered.size > 50
+    assert tempered.mean() < 1e-3 and tempered.max() < 1e-2
+    assert untempered.mean() > 2e-2
 
 
 def test_broadcast_makes_server_greedy_equal_trainer_greedy(sglang_server, tiny_model_dir):

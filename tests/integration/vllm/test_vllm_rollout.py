@@ -23,6 +23,7 @@ from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.trainer.batch import TrainSample
 from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
+from tests.integration.sglang.sglang_harness import logprob_gaps
 
 pytestmark = pytest.mark.vllm
 
@@ -116,6 +117,24 @@ def test_server_logprobs_match_trainer_recomputation(vllm_server, tiny_model_dir
     assert diff.size > 50
     assert diff.mean() < 1e-3 and diff.max() < 1e-2
     assert all(r.weight_version == 0 for r in responses)
+
+
+def test_server_logprobs_are_of_the_tempered_distribution(vllm_server, tiny_model_dir, record_property):
+    """issue 26: sampled at temperature 0.7, the server's behaviour log-probs are
+    log_softmax(logits / 0.7) of the same model, as tightly as the 1.0 parity above; the
+    untempered model's are far off (so this test sees which one the server returns)."""
+    inputs = prompts(tiny_model_dir, 8)
+    responses = asyncio.run(generate_all(vllm_server, inputs, 48, 0.7))
+    tempered, untempered = logprob_gaps(trainer(tiny_model_dir).model, inputs, responses, 0.7)
+    record_property("tempered_max_abs_diff", float(tempered.max()))
+    record_property("tempered_mean_abs_diff", float(tempered.mean()))
+    print(
+        f"\nvLLM log-prob |server - log_softmax(logits / 0.7)| over {tempered.size} tokens: "
+        f"max {tempered.max():.2e}, mean {tempered.mean():.2e}; untempered mean {untempered.mean():.2e}"
+    )
+    assert tempered.size > 50
+    assert tempered.mean() < 1e-3 and tempered.max() < 1e-2
+    assert untempered.mean() > 2e-2
 
 
 def test_eos_is_kept_in_output_ids(vllm_server, tiny_model_dir):

@@ -110,7 +110,8 @@ def test_backend_refuses_knobs_it_does_not_implement():
     from areal_jobs.config import AlgoConfig, JobConfig, TrainerBackend, TrainerConfig
     from areal_jobs.config.support import LIMITED, LIMITED_VALUES
 
-    cases = [*((name, {"ppo_minibatches": 2, "kl_coef": 0.1}[name]) for name in LIMITED), *LIMITED_VALUES]
+    assert not LIMITED  # issue 26: minibatches and the reference KL run on every backend
+    cases = list(LIMITED_VALUES)
     assert ("prox_logp", "loglinear") in cases
     for name, value in cases:
         algo = AlgoConfig(**{name: value})
@@ -121,12 +122,18 @@ def test_backend_refuses_knobs_it_does_not_implement():
             JobConfig(algo=algo, trainer=TrainerConfig(backend=TrainerBackend.megatron))
 
 
-def test_fsdp_refuses_the_reference_kl_and_accepts_minibatches():
+def test_every_backend_accepts_minibatches_the_reference_kl_and_the_new_knobs():
+    """issue 26: nothing of these is refused any more, on any backend."""
     from areal_jobs.config import AlgoConfig, JobConfig, TrainerBackend, TrainerConfig
+    from areal_jobs.config.algo import ImportanceLevel
 
-    fsdp = TrainerConfig(backend=TrainerBackend.fsdp, dp_size=2)
-    JobConfig(algo=AlgoConfig(ppo_minibatches=2), trainer=fsdp)
-    with pytest.raises(
-        ValueError, match=r"algo.kl_coef=0.1 is not implemented by trainer=fsdp; trainer=torch"
+    algo = AlgoConfig(
+        ppo_minibatches=4, kl_coef=0.1, importance_level=ImportanceLevel.sequence, entropy_coef=0.01,
+        reward_scaling=10.0, reward_bias=-0.5, reward_clip=5.0,
+    )  # fmt: skip
+    for trainer in (
+        TrainerConfig(),
+        TrainerConfig(backend=TrainerBackend.fsdp, dp_size=2),
+        TrainerConfig(backend=TrainerBackend.megatron, tp_size=2, dp_size=2),
     ):
-        JobConfig(algo=AlgoConfig(kl_coef=0.1), trainer=fsdp)
+        JobConfig(algo=algo, trainer=trainer)

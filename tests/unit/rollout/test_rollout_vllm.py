@@ -82,7 +82,7 @@ def test_command_runs_the_api_server_with_our_extension_and_no_key_on_the_comman
         "--model /m", "--port 8100", "--tensor-parallel-size 2", "--seed 7", "--enforce-eager",
         "--worker-extension-cls areal_jobs.rollout.vllm_worker.BroadcastWeightReceiver",
         "--middleware areal_jobs.rollout.vllm_auth.RequireApiKey", "--enable-scale-out",
-        f"--kv-cache-memory-bytes {1 << 29}", "--dtype float32",
+        f"--kv-cache-memory-bytes {1 << 29}", "--dtype float32", "--logprobs-mode processed_logprobs",
     ):  # fmt: skip
         assert part in joined, part
     assert cmd[-1] == "--x" and "--api-key" not in cmd

@@ -120,3 +120,18 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_reported(tiny_model_dir):
     assert with_kl["ppo/kl_ref"] == pytest.approx(0.0, abs=1e-7)
     assert with_kl["train/loss"] == pytest.approx(plain["train/loss"], abs=1e-6)
     assert plain["ppo/entropy"] > 0
+
+
+def test_entropy_bonus_trains_through_the_entropy(tiny_model_dir):
+    """algo.entropy_coef > 0 with every advantage 0: the loss is -coef * (token-mean entropy), and
+    only the entropy's gradient can move the weights (with entropy_coef = 0 nothing moves)."""
+    batch = make_batch()
+    batch.samples = [TrainSample(**{**s.__dict__, "advantage": 0.0}) for s in batch.samples]
+    backend = make_backend(tiny_model_dir, entropy_coef=0.05)
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    metrics = backend.train_step(batch)
+    assert metrics["train/loss"] == pytest.approx(-0.05 * metrics["ppo/entropy"], rel=1e-5)
+    assert metrics["train/grad_norm"] > 0
+    assert any(not torch.equal(v, before[k]) for k, v in backend.model.state_dict().items())
+    still = make_backend(tiny_model_dir)
+    assert still.train_step(batch)["train/grad_norm"] == 0.0
