@@ -20,6 +20,7 @@ from areal_jobs.config.job import (
     save_job_config,
     to_job_config,
 )
+from areal_jobs.config.keys import check_override_keys, closest_key, schema_keys, unknown_keys
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
 from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
 from areal_jobs.config.trainer import (
@@ -58,8 +59,12 @@ __all__ = [
     "WeightSync",
     "WeightSyncConfig",
     "WorkflowConfig",
+    "check_override_keys",
+    "closest_key",
     "load_job_config",
     "register_configs",
     "save_job_config",
+    "schema_keys",
     "to_job_config",
+    "unknown_keys",
 ]

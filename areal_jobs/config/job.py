@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from areal_jobs.config.algo import AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig
 from areal_jobs.config.data import DataConfig, ModelConfig
+from areal_jobs.config.keys import unknown_key_message, unknown_keys
 from areal_jobs.config.reward import RewardConfig
 from areal_jobs.config.rollout import RolloutConfig
 from areal_jobs.config.support import check_backend_support
@@ -97,7 +98,12 @@ def register_configs() -> None:
 
 
 def to_job_config(cfg: Any) -> JobConfig:
-    """DictConfig (from Hydra or a saved YAML) -> validated JobConfig objects."""
+    """DictConfig (from Hydra or a saved YAML) -> validated JobConfig objects. A key the schema
+    lacks is refused (ValueError naming the closest real key): Hydra lets `+cluster.nodse=64` in,
+    and building the dataclasses would drop it silently."""
+    unknown = unknown_keys(cfg, JobConfig)
+    if unknown:
+        raise ValueError(unknown_key_message(unknown, JobConfig))
     merged = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg)
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, JobConfig)

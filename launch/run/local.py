@@ -33,6 +33,7 @@ from areal_jobs.config import (
     JobConfig,
     Placement,
     TrainerBackend,
+    check_override_keys,
     register_configs,
     save_job_config,
     to_job_config,
@@ -320,6 +321,14 @@ def _postfix(row: dict) -> dict[str, str]:
 
 
 register_configs()
+
+
+def refuse_unknown_overrides(argv: list[str], conf_dir: Path) -> None:
+    """Exit, naming the closest real key, for an override of a key the schema lacks."""
+    try:
+        check_override_keys(argv, conf_dir, JobConfig)
+    except ValueError as exc:
+        raise SystemExit(f"invalid configuration: {exc}") from None
 
 
 def main(dcfg: DictConfig) -> None:

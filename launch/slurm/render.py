@@ -121,15 +121,10 @@ def _placement_values(plan: AllocationPlan) -> dict[str, str]:
         }
     serving_nodes = plan.rollout_nodes + (1 if plan.shared_servers else 0)
     hostnames = 'scontrol show hostnames "$SLURM_JOB_NODELIST"'
-    shared_node = plan.rollout_nodes + 1
-    later = (
-        f" and every GPU of the {plan.trainer_nodes - 1} node(s) after it" if plan.trainer_nodes > 1 else ""
-    )
     role_nodes = "\n".join(
         [
-            f"# {plan.placement.value} placement: servers fill {plan.rollout_nodes} whole node(s), then GPUs "
-            f"0-{plan.shared_rollout_gpus - 1} of node {shared_node};",
-            f"# the trainer uses GPUs {plan.trainer_gpu_ids} of node {shared_node}{later}",
+            f"# {plan.placement.value} placement: the servers use {plan.rollout_where()};",
+            f"# the trainer uses {plan.trainer_where()}",
             f"ROLLOUT_NODELIST=$({hostnames} | head -n {serving_nodes} | paste -sd,)",
             f"TRAINER_NODELIST=$({hostnames} | tail -n {plan.trainer_nodes} | paste -sd,)",
             "# task i of a step runs on line i of its hostfile (srun --distribution=arbitrary)",

@@ -27,11 +27,13 @@ from omegaconf import DictConfig
 from areal_jobs.config import (
     ClusterKind,
     JobConfig,
+    check_override_keys,
     save_job_config,
     to_job_config,
 )
 from launch.planning.allocation import resolve_auto_fraction
-from launch.planning.plan import AllocationPlan, apply_plan, plan_job
+from launch.planning.plan import AllocationPlan, apply_plan
+from launch.planning.suggest import plan_or_explain
 from launch.slurm.cli import Slurm, SlurmCli, SlurmError
 from launch.slurm.render import render_sbatch, run_dir_of
 
@@ -66,7 +68,7 @@ def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> 
         run=dataclasses.replace(job.run, name=name, root=_under(cluster.workdir, job.run.root)),
         model=dataclasses.replace(job.model, builtin_dir=_under(cluster.workdir, job.model.builtin_dir)),
     )
-    plan = plan_job(resolve_auto_fraction(job))
+    plan = plan_or_explain(resolve_auto_fraction(job))
     job = apply_plan(job, plan)
     return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan))
 
@@ -135,6 +137,15 @@ def sweep_suffix(argv: list[str], task_overrides: list[str]) -> str:
     }
     parts = [o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") in swept]
     return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", ",".join(parts))
+
+
+def refuse_unknown_overrides(argv: list[str], conf_dir: Path) -> None:
+    """Exit 2, naming the closest real key, for an override of a key the schema lacks."""
+    try:
+        check_override_keys(argv, conf_dir, JobConfig)
+    except ValueError as err:
+        print(f"error: {err}\nnothing was submitted", file=sys.stderr)
+        sys.exit(2)
 
 
 def main(cfg: DictConfig) -> None:

@@ -147,7 +147,8 @@ def test_help_explains_usage_and_lists_groups(fake_sbatch) -> None:
     ("override", "expected"),
     [
         ("cluster.nodes=banana", ["cluster.nodes", "'banana'", "Integer"]),
-        ("cluster.nodez=3", ["cluster.nodez", "not in 'ClusterConfig'"]),
+        ("cluster.nodez=3", ["cluster.nodez (did you mean cluster.nodes?)"]),
+        ("+cluster.nodez=3", ["cluster.nodez (did you mean cluster.nodes?)", "nothing was submitted"]),
         (
             "cluster.placement=colocated",
             ["cluster.placement=colocated", "cluster.nodes=1", "nothing was submitted"],
