@@ -11,12 +11,31 @@ from __future__ import annotations
 import re
 import shlex
 import string
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from areal_jobs.config import ClusterConfig, JobConfig, Placement, RolloutEngine
 from launch.planning.plan import AllocationPlan
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "sbatch" / "hetjob.sbatch.tmpl"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What produced a script, for whoever has to reproduce it: the command-line overrides (Hydra's
+    task overrides: one multirun job's own values) and the checkout's commit. `source` is free text
+    ("git <sha>", "git <sha> + uncommitted changes", "not a git checkout"); the committed
+    reference renders pass a fixed one (launch/slurm/golden.py) so they do not change per commit."""
+
+    overrides: tuple[str, ...] = ()
+    source: str = "unknown"
+
+    def command_line(self) -> str:
+        return " ".join(["python -m launch.submit", *(shlex.quote(o) for o in self.overrides)])
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 class SbatchTemplate(string.Template):
@@ -191,13 +210,19 @@ def engine_python(job: JobConfig) -> str:
     return job.cluster.python
 
 
-def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = None) -> str:
-    """The sbatch script for `job` laid out by `plan` (pass the planned job: see plan.apply_plan)."""
+def render_sbatch(
+    job: JobConfig, plan: AllocationPlan, template: str | None = None, provenance: Provenance | None = None
+) -> str:
+    """The sbatch script for `job` laid out by `plan` (pass the planned job: see plan.apply_plan),
+    headed by what produced it (`provenance`)."""
+    provenance = provenance or Provenance()
     _check_paths(job.cluster)
     text = template if template is not None else TEMPLATE_PATH.read_text()
     last_port = plan.server_base_port + plan.num_servers - 1
     values = {
         "plan_summary": plan.describe(),
+        "command": _one_line(provenance.command_line()),
+        "source": _one_line(provenance.source),
         "sbatch_header": sbatch_header(job, plan),
         "run_dir": shlex.quote(run_dir_of(job)),
         "python": shlex.quote(job.cluster.python),

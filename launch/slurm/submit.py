@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,9 @@ from launch.planning.allocation import resolve_auto_fraction
 from launch.planning.plan import AllocationPlan, apply_plan
 from launch.planning.suggest import plan_or_explain
 from launch.slurm.cli import Slurm, SlurmCli, SlurmError
-from launch.slurm.render import render_sbatch, run_dir_of
+from launch.slurm.render import Provenance, render_sbatch, run_dir_of
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,14 @@ class PreparedJob:
         return Path(run_dir_of(self.job))
 
 
-def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> PreparedJob:
+def prepare(
+    job: JobConfig,
+    *,
+    cwd: str,
+    python: str,
+    name_suffix: str = "",
+    provenance: Provenance | None = None,
+) -> PreparedJob:
     """Pure: fill the submission-time defaults, plan the layout and render the script."""
     if job.cluster.kind is not ClusterKind.slurm:
         raise ValueError(
@@ -70,7 +80,32 @@ def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> 
     )
     plan = plan_or_explain(resolve_auto_fraction(job))
     job = apply_plan(job, plan)
-    return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan))
+    return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan, provenance=provenance))
+
+
+def git_source(repo: Path = REPO) -> str:
+    """The checkout's commit, and whether it has uncommitted changes (untracked files count: a new
+    module runs too), for the script's `# Source:` line."""
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return f"{repo}: not a git checkout (no commit recorded)"
+    if not changed:
+        return f"git {sha} (clean) in {repo}"
+    return f"git {sha} + uncommitted changes ({len(changed)} paths: `git -C {repo} status`) in {repo}"
 
 
 def _under(workdir: str, path: str) -> str:
@@ -110,6 +145,9 @@ def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
     resumes = (prepared.run_dir / "checkpoints").exists()
     script = write_run_dir(prepared)
     print(f"plan: {prepared.plan.describe()}")
+    for line in prepared.script.splitlines()[:20]:
+        if line.startswith("# Source: "):
+            print(f"source: {line.removeprefix('# Source: ')}")
     print(f"run dir: {prepared.run_dir}")
     if dry_run:
         print(f"dry run: wrote {script} and {prepared.run_dir / 'config.yaml'}; nothing submitted")
@@ -154,9 +192,12 @@ def main(cfg: DictConfig) -> None:
     suffix = ""
     if hydra_cfg.mode is RunMode.MULTIRUN:
         suffix = sweep_suffix(sys.argv[1:], list(hydra_cfg.overrides.task)) or str(hydra_cfg.job.num)
+    provenance = Provenance(overrides=tuple(hydra_cfg.overrides.task), source=git_source())
     try:
         job = to_job_config(cfg)
-        prepared = prepare(job, cwd=hydra_cfg.runtime.cwd, python=sys.executable, name_suffix=suffix)
+        prepared = prepare(
+            job, cwd=hydra_cfg.runtime.cwd, python=sys.executable, name_suffix=suffix, provenance=provenance
+        )
         submit(prepared, SlurmCli(), dry_run=job.launch.dry_run)
     except (ValueError, SlurmError) as err:
         print(f"error: {err}\nnothing was submitted for this configuration", file=sys.stderr)

@@ -4,6 +4,7 @@ meet it (`--help`, bad overrides, dry run, multirun) with a recording stand-in f
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,6 +177,13 @@ def test_submit_cli_end_to_end(fake_sbatch, tmp_path: Path) -> None:
     assert record.read_text() == f"--parsable {script}\n"
     assert "submitted job 4242" in proc.stdout and "48 servers of TP 2" in proc.stdout
     assert "#SBATCH --account=rl" in script.read_text()
+    # what produced it, for whoever reproduces it
+    text = script.read_text()
+    assert (
+        f"# Command: python -m launch.submit experiment=math_qwen2_7b run.root={tmp_path}/runs cluster.account=rl\n"
+        in text
+    )
+    assert re.search(r"^# Source: git [0-9a-f]{40} ", text, re.M) and "source: git " in proc.stdout
 
 
 def test_dry_run_cli_renders_without_sbatch(fake_sbatch, tmp_path: Path) -> None:
