@@ -36,6 +36,7 @@ from launch.planning.allocation import resolve_auto_fraction
 from launch.planning.plan import AllocationPlan, apply_plan
 from launch.planning.suggest import plan_or_explain
 from launch.slurm.cli import Slurm, SlurmCli, SlurmError
+from launch.slurm.preflight import check_before_writing
 from launch.slurm.render import Provenance, render_sbatch, run_dir_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,6 +143,8 @@ def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
             f"{prepared.run_dir} holds a finished run (summary.json): choose another run.name=... "
             "or move that directory away"
         )
+    for warning in check_before_writing(prepared.job):  # refuses what the script itself would miss
+        print(f"warning: {warning} (the roles read it on the nodes)")
     resumes = (prepared.run_dir / "checkpoints").exists()
     script = write_run_dir(prepared)
     print(f"plan: {prepared.plan.describe()}")

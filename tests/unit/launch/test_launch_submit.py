@@ -3,6 +3,7 @@ meet it (`--help`, bad overrides, dry run, multirun) with a recording stand-in f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -211,3 +212,65 @@ def test_multirun_submits_one_het_job_per_combination(fake_sbatch, tmp_path: Pat
         run_dir = tmp_path / "runs" / "math_qwen2_7b" / f"algo.max_staleness={staleness}"
         assert f"--parsable {run_dir}/job.sbatch" in calls
         assert load_job_config(run_dir / "config.yaml").algo.max_staleness == staleness
+
+
+# ------------------------------------------------------------------ login-node checks (issue 28)
+
+
+def test_vllm_renders_only_when_its_interpreter_exists(fake_sbatch, tmp_path: Path) -> None:
+    env, record = fake_sbatch
+    workdir = tmp_path / "checkout"  # a shared checkout without `make vllm-venv`
+    workdir.mkdir()
+    args = ("experiment=math_qwen2_1p5b", "rollout/engine=vllm", f"run.root={tmp_path}/runs")
+    proc = run_submit(env, *args, f"cluster.workdir={workdir}", "launch.dry_run=true")
+    assert proc.returncode == 2
+    assert f"needs its interpreter {workdir}/.venv-vllm/bin/python, which does not exist" in proc.stderr
+    assert f"run `make vllm-venv` in {workdir}, or set rollout.engine_python=" in proc.stderr
+    assert not record.exists() and not (tmp_path / "runs").exists()
+    proc = run_submit(env, *args, "rollout.engine_python=/nonexistent/python")
+    assert proc.returncode == 2 and "fix rollout.engine_python=/nonexistent/python" in proc.stderr
+    venv = workdir / ".venv-vllm" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    proc = run_submit(env, *args, f"cluster.workdir={workdir}")
+    assert proc.returncode == 0, proc.stderr
+    assert "submitted job 4242" in proc.stdout and "warning: model.path=/path/to/" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("cluster", "problem"),
+    [
+        ({"workdir": "/nonexistent/checkout"}, "cluster.workdir=/nonexistent/checkout is not a directory"),
+        (
+            {"python": "/nonexistent/bin/python"},
+            "cluster.python=/nonexistent/bin/python is not an executable",
+        ),
+        ({"python": "no-such-python-here"}, "cluster.python=no-such-python-here is not an executable"),
+        (
+            {"container_image": "/nonexistent/img.sqsh"},
+            "cluster.container_image=/nonexistent/img.sqsh does not exist",
+        ),
+    ],
+)
+def test_what_the_script_needs_is_checked_on_the_login_node(
+    tmp_path: Path, cluster: dict, problem: str
+) -> None:
+    from launch.slurm.preflight import script_problems
+
+    job = prepare(local_slurm_job(tmp_path), cwd=str(tmp_path), python=sys.executable).job
+    assert script_problems(job) == []
+    bad = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, **cluster))
+    assert any(problem in p for p in script_problems(bad)), script_problems(bad)
+
+
+def test_inside_a_container_image_only_the_image_is_checked(tmp_path: Path) -> None:
+    from launch.slurm.preflight import input_warnings, script_problems
+
+    job = prepare(local_slurm_job(tmp_path), cwd=str(tmp_path), python=sys.executable).job
+    image = tmp_path / "img.sqsh"
+    image.write_text("")
+    for ref in (str(image), "nvcr.io#nvidia/pytorch:25.01-py3"):
+        inside = dataclasses.replace(
+            job, cluster=dataclasses.replace(job.cluster, container_image=ref, python="/opt/venv/bin/python")
+        )
+        assert script_problems(inside) == [] and input_warnings(inside) == []
