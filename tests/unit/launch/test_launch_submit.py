@@ -274,3 +274,24 @@ def test_inside_a_container_image_only_the_image_is_checked(tmp_path: Path) -> N
             job, cluster=dataclasses.replace(job.cluster, container_image=ref, python="/opt/venv/bin/python")
         )
         assert script_problems(inside) == [] and input_warnings(inside) == []
+
+
+def test_a_sweep_keeps_hydras_record_under_the_runs_root(fake_sbatch, tmp_path: Path) -> None:
+    """No `multirun/` in the directory the sweep was started from (issue 28)."""
+    env, record = fake_sbatch
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.submit", "-m", "experiment=math_qwen2_7b", f"run.root={tmp_path}/runs"]
+        + ["algo.max_staleness=0,8"],
+        cwd=cwd,
+        env=dict(env, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(record.read_text().splitlines()) == 2
+    assert list(cwd.iterdir()) == []
+    assert len(list((tmp_path / "runs" / "multirun").glob("*/multirun.yaml"))) == 1
