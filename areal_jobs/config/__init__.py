@@ -11,12 +11,14 @@ from areal_jobs.config.algo import Advantage, AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig, Placement
 from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
 from areal_jobs.config.job import (
+    TOKEN_ENV,
     JobConfig,
     LoggingConfig,
     RunConfig,
     WandbMode,
     load_job_config,
     register_configs,
+    resolve_job_token,
     save_job_config,
     to_job_config,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "RolloutEngine",
     "LoggingConfig",
     "RunConfig",
+    "TOKEN_ENV",
     "WandbMode",
     "TrainerBackend",
     "TrainerConfig",
@@ -63,6 +66,7 @@ __all__ = [
     "closest_key",
     "load_job_config",
     "register_configs",
+    "resolve_job_token",
     "save_job_config",
     "schema_keys",
     "to_job_config",

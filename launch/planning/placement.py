@@ -126,7 +126,14 @@ def split_gpus(cluster: ClusterConfig, rollout_tp: int) -> GpuSplit:
 
 def colocated_schedule(job: JobConfig) -> JobConfig:
     """cluster.placement=colocated: the synchronous schedule (algo.max_staleness=0), so no request
-    is generated while the trainer uses the devices the servers share (launch.planning.plan, launch.local)."""
-    if job.cluster.placement is not Placement.colocated or job.algo.max_staleness == 0:
+    is generated while the trainer uses the devices the servers share, and the servers free their
+    GPU memory while it steps (rollout.release_memory_while_training; launch.planning.plan, launch.local)."""
+    if job.cluster.placement is not Placement.colocated:
         return job
-    return dataclasses.replace(job, algo=dataclasses.replace(job.algo, max_staleness=0))
+    if job.algo.max_staleness == 0 and job.rollout.release_memory_while_training:
+        return job
+    return dataclasses.replace(
+        job,
+        algo=dataclasses.replace(job.algo, max_staleness=0),
+        rollout=dataclasses.replace(job.rollout, release_memory_while_training=True),
+    )

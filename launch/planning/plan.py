@@ -32,6 +32,7 @@ from areal_jobs.config import (
     TrainerConfig,
     WeightSyncConfig,
 )
+from launch.planning.gpu_shares import apply_shares, shares_for
 from launch.planning.placement import GpuSplit, LayoutError, colocated_schedule, node_split, split_gpus
 
 # Ports used when the config leaves them at 0 ("any free port" only works on one machine).
@@ -308,19 +309,23 @@ def plan_job(job: JobConfig) -> AllocationPlan:
 
 
 def apply_plan(job: JobConfig, plan: AllocationPlan) -> JobConfig:
-    """The config every role reads: server count, derived DP and the fixed ports written in."""
+    """The config every role reads: server count, derived DP, the fixed ports and, where servers
+    and trainer ranks share GPUs (colocated), each one's share of their memory written in."""
     replace = dataclasses.replace
-    return replace(
-        colocated_schedule(job) if plan.placement is Placement.colocated else job,
+    base = colocated_schedule(job) if plan.placement is Placement.colocated else job
+    planned = replace(
+        base,
         rollout=replace(
-            job.rollout,
+            base.rollout,
             num_servers=plan.num_servers,
             base_port=plan.server_base_port,
             controller_port=plan.controller_port,
         ),
         trainer=replace(
-            job.trainer, tp_size=plan.trainer_tp, pp_size=plan.trainer_pp, dp_size=plan.trainer_dp
+            base.trainer, tp_size=plan.trainer_tp, pp_size=plan.trainer_pp, dp_size=plan.trainer_dp
         ),
-        weight_sync=replace(job.weight_sync, master_port=plan.weight_sync_port),
-        cluster=replace(job.cluster, rollout_fraction=repr(plan.rollout_fraction)),
+        weight_sync=replace(base.weight_sync, master_port=plan.weight_sync_port),
+        cluster=replace(base.cluster, rollout_fraction=repr(plan.rollout_fraction)),
     )
+    shared = plan.placement is Placement.colocated  # a server and a trainer rank on every GPU
+    return apply_shares(planned, shares_for(planned, int(shared), int(shared)))

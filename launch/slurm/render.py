@@ -20,6 +20,9 @@ from launch.planning.plan import AllocationPlan
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "sbatch" / "hetjob.sbatch.tmpl"
 
 
+SECRET_KEYS = ("run.token",)  # overrides whose value is never written into the script
+
+
 @dataclass(frozen=True)
 class Provenance:
     """What produced a script, for whoever has to reproduce it: the command-line overrides (Hydra's
@@ -31,7 +34,14 @@ class Provenance:
     source: str = "unknown"
 
     def command_line(self) -> str:
-        return " ".join(["python -m launch.submit", *(shlex.quote(o) for o in self.overrides)])
+        """The command, with run.token's value redacted: the script is not a place for a secret."""
+        shown = []
+        for override in self.overrides:
+            key, sep, _ = override.partition("=")
+            if sep and key.lstrip("+~") in SECRET_KEYS:
+                override = f"{key}=REDACTED"
+            shown.append(shlex.quote(override))
+        return " ".join(["python -m launch.submit", *shown])
 
 
 def _one_line(text: str) -> str:
@@ -221,6 +231,9 @@ def render_sbatch(
     last_port = plan.server_base_port + plan.num_servers - 1
     values = {
         "plan_summary": plan.describe(),
+        "umask": f"{job.run.umask:03o}",
+        "run_dir_mode": f"{job.run.dir_mode:o}",
+        "file_modes": "group-readable (0750 / 0640)" if job.run.share_with_group else "private (0700 / 0600)",
         "command": _one_line(provenance.command_line()),
         "source": _one_line(provenance.source),
         "sbatch_header": sbatch_header(job, plan),

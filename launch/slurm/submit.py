@@ -13,10 +13,13 @@ this task once per combination, each with its own run directory and its own job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +29,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from areal_jobs.config import (
+    TOKEN_ENV,
     ClusterKind,
     JobConfig,
     check_override_keys,
+    resolve_job_token,
     save_job_config,
     to_job_config,
 )
@@ -125,18 +130,38 @@ def ensure_builtin_model(job: JobConfig) -> None:
 
 
 def write_run_dir(prepared: PreparedJob) -> Path:
-    """Write config.yaml and job.sbatch; create logs/ (sbatch does not create --output dirs)."""
+    """Write config.yaml (without run.token) and job.sbatch; create logs/ (sbatch does not create
+    --output dirs). Call under the run's umask (private_files)."""
     run_dir = prepared.run_dir
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    run_dir.chmod(prepared.job.run.dir_mode)  # a directory an older version left 0755
     save_job_config(prepared.job, run_dir / "config.yaml")
     script = run_dir / "job.sbatch"
     script.write_text(prepared.script)
-    script.chmod(0o755)
+    script.chmod(0o777 & ~prepared.job.run.umask & 0o755)
     return script
 
 
-def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
-    """Write the run directory and submit (unless dry_run). Returns the job id."""
+@contextlib.contextmanager
+def private_files(umask: int) -> Iterator[None]:
+    """The run's umask for what this process writes and for sbatch, which hands it to the job
+    (SLURM_UMASK); the script sets it again itself."""
+    previous = os.umask(umask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def submit(
+    prepared: PreparedJob, slurm: Slurm, *, dry_run: bool, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """Write the run directory and submit (unless dry_run). Returns the job id.
+
+    The job token: AREAL_JOB_TOKEN in `environ` (default os.environ) wins over run.token, which
+    sbatch then passes to the job in its environment (never a file); with neither, the job
+    generates one at each attempt (RUN_DIR/job_token, 0600)."""
+    environ = os.environ if environ is None else environ
     if (prepared.run_dir / "summary.json").exists():
         # the job script reads summary.json as "this run is over"; a new run needs its own dir
         raise ValueError(
@@ -146,19 +171,23 @@ def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
     for warning in check_before_writing(prepared.job):  # refuses what the script itself would miss
         print(f"warning: {warning} (the roles read it on the nodes)")
     resumes = (prepared.run_dir / "checkpoints").exists()
-    script = write_run_dir(prepared)
+    token, source = resolve_job_token(prepared.job.run, environ)
+    with private_files(prepared.job.run.umask):
+        script = write_run_dir(prepared)
     print(f"plan: {prepared.plan.describe()}")
     for line in prepared.script.splitlines()[:20]:
         if line.startswith("# Source: "):
             print(f"source: {line.removeprefix('# Source: ')}")
-    print(f"run dir: {prepared.run_dir}")
+    print(f"run dir: {prepared.run_dir} (mode {prepared.job.run.dir_mode:o})")
+    print(f"job token: {source}")
     if dry_run:
         print(f"dry run: wrote {script} and {prepared.run_dir / 'config.yaml'}; nothing submitted")
         return None
     ensure_builtin_model(prepared.job)
-    job_id = slurm.submit(script)
-    with (prepared.run_dir / "jobs.txt").open("a") as jobs:
-        jobs.write(f"{job_id}\n")
+    with private_files(prepared.job.run.umask):
+        job_id = slurm.submit(script, env={**environ, TOKEN_ENV: token} if token else None)
+        with (prepared.run_dir / "jobs.txt").open("a") as jobs:
+            jobs.write(f"{job_id}\n")
     if resumes:
         print("note: the run dir has checkpoints: the job resumes from the latest one (checkpoint.resume)")
     print(f"submitted job {job_id}")

@@ -29,6 +29,13 @@ def test_the_script_records_overrides_and_source_beside_the_plan() -> None:
     assert lines[plan + 2] == "# Source: git abc (clean) in /r"
 
 
+def test_a_token_on_the_command_line_is_not_written_into_the_script() -> None:
+    provenance = Provenance(overrides=("run.token=s3cr3t", "+run.token=s3cr3t", "run.name=x"))
+    assert provenance.command_line() == (
+        "python -m launch.submit run.token=REDACTED +run.token=REDACTED run.name=x"
+    )
+
+
 def test_golden_renders_do_not_depend_on_the_commit() -> None:
     for name, (experiment, _extra) in golden.REFERENCES.items():
         lines = header(golden.render_reference(name))

@@ -30,9 +30,11 @@ class RecordingSlurm:
 
     def __init__(self) -> None:
         self.scripts: list[Path] = []
+        self.envs: list[dict[str, str] | None] = []
 
-    def submit(self, script: Path) -> str:
+    def submit(self, script: Path, env: dict[str, str] | None = None) -> str:
         self.scripts.append(script)
+        self.envs.append(env)
         return str(1000 + len(self.scripts))
 
     def status(self, job_id: str) -> str:
