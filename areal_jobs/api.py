@@ -123,6 +123,14 @@ class PauseControl(Protocol):
 
     async def resume(self) -> None: ...
 
+    async def release_memory(self) -> None:
+        """Free the engine's GPU memory (weights and KV cache) while the trainer uses the GPU
+        (the colocated schedule); the server is idle and gets no request until resume_memory.
+        Its weights come back with the next full weight update."""
+        ...
+
+    async def resume_memory(self) -> None: ...
+
 
 class WeightReceiver(Protocol):
     """A server's half of the weight-update handshake: join the sender's broadcast group (ranks

@@ -4,6 +4,9 @@ Hydra's entry point sits here, in the module run as __main__, so that `config_pa
 file's neighbour `conf/`; the work is launch/run/local.py's.
 """
 
+import sys
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
@@ -16,4 +19,6 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # before Hydra: its answer to `cluster.nodse=64` suggests `+cluster.nodse=64`, which it accepts
+    local.refuse_unknown_overrides(sys.argv[1:], Path(__file__).resolve().parents[1] / "conf")
     main()

@@ -11,15 +11,18 @@ from areal_jobs.config.algo import Advantage, AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig, Placement
 from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
 from areal_jobs.config.job import (
+    TOKEN_ENV,
     JobConfig,
     LoggingConfig,
     RunConfig,
     WandbMode,
     load_job_config,
     register_configs,
+    resolve_job_token,
     save_job_config,
     to_job_config,
 )
+from areal_jobs.config.keys import check_override_keys, closest_key, schema_keys, unknown_keys
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
 from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
 from areal_jobs.config.trainer import (
@@ -56,14 +59,20 @@ __all__ = [
     "RolloutEngine",
     "LoggingConfig",
     "RunConfig",
+    "TOKEN_ENV",
     "WandbMode",
     "TrainerBackend",
     "TrainerConfig",
     "WeightSync",
     "WeightSyncConfig",
     "WorkflowConfig",
+    "check_override_keys",
+    "closest_key",
     "load_job_config",
     "register_configs",
+    "resolve_job_token",
     "save_job_config",
+    "schema_keys",
     "to_job_config",
+    "unknown_keys",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 from areal_jobs.config.algo import AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig
 from areal_jobs.config.data import DataConfig, ModelConfig
+from areal_jobs.config.keys import unknown_key_message, unknown_keys
 from areal_jobs.config.reward import RewardConfig
 from areal_jobs.config.rollout import RolloutConfig
 from areal_jobs.config.support import check_backend_support
@@ -32,7 +34,14 @@ class RunConfig:
     tensorboard: bool = True
     samples_every_steps: int = 10  # RUN_DIR/samples.jsonl: a training batch's samples this often (0 = off)
     samples_print: int = 2  # the first few samples of each dump (training and every evaluation) logged
-    token: str = ""  # job token for the control channel and API key; empty = generated
+    # job token for the control channel and the servers' API key: AREAL_JOB_TOKEN in the launcher's
+    # environment wins, then this, else one is generated (resolve_job_token). Never written to
+    # config.yaml; prefer the environment (an override is on the launcher's command line)
+    token: str = ""
+    # run directory and everything the run writes (checkpoints included): 0700 / 0600 by default;
+    # true gives the group read access (0750 / 0640, e.g. an ops team that reads the logs). The
+    # job token file stays 0600 either way
+    share_with_group: bool = False
 
     def __post_init__(self) -> None:
         if self.eval_samples < 1:
@@ -43,6 +52,32 @@ class RunConfig:
     @property
     def dir(self) -> Path:
         return Path(self.root) / self.name
+
+    @property
+    def umask(self) -> int:
+        """The umask every process of the run works under (run.share_with_group)."""
+        return 0o027 if self.share_with_group else 0o077
+
+    @property
+    def dir_mode(self) -> int:
+        return 0o777 & ~self.umask
+
+
+TOKEN_ENV = "AREAL_JOB_TOKEN"
+
+
+def resolve_job_token(run: RunConfig, environ: Mapping[str, str]) -> tuple[str, str]:
+    """(token, where it came from): AREAL_JOB_TOKEN in the environment wins over run.token, which
+    wins over a generated one ("" here: local mode generates it, a SLURM job at each attempt). The
+    same rule for launch.local and launch.submit; the second value is for the launcher's log line."""
+    if environ.get(TOKEN_ENV):
+        return environ[TOKEN_ENV], f"{TOKEN_ENV} from the environment (it wins over run.token)"
+    if run.token:
+        return (
+            run.token,
+            f"run.token from the configuration (passed to the roles as {TOKEN_ENV}, never written to config.yaml)",
+        )
+    return "", "generated (neither AREAL_JOB_TOKEN nor run.token is set)"
 
 
 class WandbMode(enum.Enum):
@@ -97,16 +132,30 @@ def register_configs() -> None:
 
 
 def to_job_config(cfg: Any) -> JobConfig:
-    """DictConfig (from Hydra or a saved YAML) -> validated JobConfig objects."""
+    """DictConfig (from Hydra or a saved YAML) -> validated JobConfig objects. A key the schema
+    lacks is refused (ValueError naming the closest real key): Hydra lets `+cluster.nodse=64` in,
+    and building the dataclasses would drop it silently."""
+    unknown = unknown_keys(cfg, JobConfig)
+    if unknown:
+        raise ValueError(unknown_key_message(unknown, JobConfig))
     merged = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg)
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, JobConfig)
     return obj
 
 
+CONFIG_HEADER = (
+    "# run.token is never written here: the roles get the job token as AREAL_JOB_TOKEN from the launcher\n"
+)
+
+
 def save_job_config(cfg: JobConfig, path: Path) -> None:
+    """Write the resolved config every role reads, with run.token blanked (the token travels in the
+    environment only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    node = OmegaConf.structured(cfg)
+    node.run.token = ""
+    path.write_text(CONFIG_HEADER + OmegaConf.to_yaml(node))
 
 
 def load_job_config(path: str | Path) -> JobConfig:

@@ -96,8 +96,22 @@ class RolloutConfig:
     # tokenizer and generation_config.json), e.g. ["</answer>"]; a sample records stop or length
     stop: list[str] = field(default_factory=list)
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)  # rollout/workflow=<name>
+    # share of each of its GPUs' memory a server may hold (SGLang --mem-fraction-static: weights +
+    # KV cache; vLLM --gpu-memory-utilization); 0 = the engine's default, for a server that has its
+    # GPUs to itself. The planner sets it where servers share GPUs with each other or the trainer
+    # (colocated, launch.local on a GPU machine: launch/planning/gpu_shares.py); GPU machines only
+    gpu_memory_fraction: float = 0.0
+    # the synchronous colocated schedule: the servers free their GPU memory (SGLang
+    # release_memory_occupation, vLLM sleep) once a batch is generated, while the trainer steps,
+    # and take it back for the weight update; set by cluster.placement=colocated
+    release_memory_while_training: bool = False
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.gpu_memory_fraction < 1.0:
+            raise ValueError(
+                "rollout.gpu_memory_fraction must be in [0, 1): a server's share of each GPU's memory "
+                "(0 = the engine's default), e.g. rollout.gpu_memory_fraction=0.4"
+            )
         if self.kv_cache_gib <= 0:
             raise ValueError("rollout.kv_cache_gib must be > 0 (vLLM's KV cache on CPU, in GiB)")
         if self.temperature <= 0:

@@ -70,6 +70,9 @@ class TrainerConfig:
     fsdp_mixed_precision: bool = False
     attention: Attention = Attention.varlen
     recompute: Recompute = Recompute.none
+    # cap on each rank's share of its GPU's memory (torch.cuda.set_per_process_memory_fraction) where
+    # it shares the GPU with rollout servers; 0 = none. Set by the planner (gpu_shares.py)
+    gpu_memory_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.backend is TrainerBackend.torch and self.tp_size * self.pp_size * self.dp_size != 1:
@@ -87,6 +90,8 @@ class TrainerConfig:
             )
         if self.total_steps < 1:
             raise ValueError("trainer.total_steps must be >= 1")
+        if not 0.0 <= self.gpu_memory_fraction <= 1.0:
+            raise ValueError("trainer.gpu_memory_fraction must be in [0, 1] (0 = no cap)")
         if self.max_tokens_per_microbatch < 16:
             raise ValueError("trainer.max_tokens_per_microbatch must be >= 16")
         if self.logprob_chunk_tokens < 0:

@@ -74,6 +74,9 @@ def _isolate_filesystem(spec: dict) -> tuple[str, str]:
     Returns (interpreter path, working directory), both inside the new root.
     """
     root = spec["workdir"]
+    # the root we build must be traversable by the sandbox uid whatever umask the run works under
+    # (launch.local and the SLURM job use 077 for the run directory): parents of bind targets too
+    os.umask(0o022)
     files = {}
     for name in os.listdir(root):
         with open(os.path.join(root, name), "rb") as f:

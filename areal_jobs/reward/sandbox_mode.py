@@ -81,6 +81,16 @@ def resolve_isolation(requested: NetworkIsolation) -> NetworkIsolation:
             return mode
         reasons[mode.value] = reason
     why = "; ".join(f"{mode}: {reason}" for mode, reason in reasons.items())
+    # a strong mode the caller did not ask for may work here (netns as non-root: userns does)
+    working = [m for m in STRONG_MODES if m not in candidates and unavailable_reason(m) is None]
+    if working:
+        strong = working[0].value
+        raise RuntimeError(
+            f"reward.network_isolation={requested.value} is not available here ({why}); set "
+            f"reward.network_isolation={strong} (or auto), a strong mode that works here: the same "
+            "network, PID and mount namespaces and private root (docs/sandbox.md). "
+            "reward.network_isolation=none would accept the weak sandbox"
+        )
     # The override comes first: callers may cut the message short.
     raise RuntimeError(
         f"reward.network_isolation={requested.value}: no strong code sandbox works here, refusing to "

@@ -89,6 +89,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         discover=lambda: discovery.read_servers(run_dir),
         leaving=lambda: discovery.leaving(run_dir),
         on_drained=lambda index: discovery.mark_drained(run_dir, index),
+        release_memory_while_training=cfg.rollout.release_memory_while_training,
     )  # fmt: skip
     if cfg.run.samples_every_steps > 0:
         service.dump_samples = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print).write

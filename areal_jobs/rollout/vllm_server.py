@@ -71,6 +71,11 @@ def vllm_command(
             "--enforce-eager",
             "--kv-cache-memory-bytes", str(int(rollout.kv_cache_gib * (1 << 30))),
         ]  # fmt: skip
+    else:
+        if rollout.gpu_memory_fraction:  # the planner's share of a GPU the server shares
+            cmd += ["--gpu-memory-utilization", str(rollout.gpu_memory_fraction)]
+        if rollout.release_memory_while_training:  # /sleep and /wake_up free and restore it
+            cmd += ["--enable-sleep-mode"]
     return cmd + list(rollout.extra_server_args)
 
 

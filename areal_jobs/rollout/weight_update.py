@@ -225,6 +225,15 @@ class WeightUpdateOrchestrator:
                 return_exceptions=True,
             )
 
+    async def release_memory(self) -> None:
+        """The colocated schedule: every up server frees its GPU memory while the trainer steps
+        (rollout/memory_release.py); a failure raises StageError naming the server."""
+        await self._each_server("release GPU memory", lambda s: s.client.release_memory())
+
+    async def resume_memory(self) -> None:
+        """Take it back, before the weight update; a server that cannot is marked down."""
+        await self._each_server("resume GPU memory", lambda s: s.client.resume_memory(), tolerate=True)
+
     async def _each_server(
         self, what: str, call: Callable[[ServerSlot], Awaitable], tolerate: bool = False
     ) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from areal_jobs.api import WeightSender
 from areal_jobs.config import JobConfig, load_job_config
 from areal_jobs.logs import setup_logging
-from areal_jobs.trainer import backends, ranks, session
+from areal_jobs.trainer import backends, gpu_memory, ranks, session
 from areal_jobs.trainer.loop import Preempted
 from areal_jobs.trainer.publisher import WeightPublisher, gather_senders
 from areal_jobs.weights.sender import StageSender
@@ -40,6 +40,7 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda *_: preempt.set())
     torch.set_num_threads(cfg.trainer.threads)
+    gpu_memory.limit(cfg)  # the planner's share, where the GPU is shared with rollout servers
     channel = backends.join_ranks(cfg)
     backend = backends.build_backend(cfg)
     backend.setup()

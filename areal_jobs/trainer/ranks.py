@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from areal_jobs.api import TensorSpec, TrainBackend
 from areal_jobs.config import JobConfig
+from areal_jobs.trainer import gpu_memory
 from areal_jobs.transport import messages as m
 from areal_jobs.weights.broadcast import BroadcastTimeout
 
@@ -226,7 +227,9 @@ class LeaderBackend:
 
     def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
         self.channel.send(Train())
-        return self.backend.train_step(batch)
+        metrics = self.backend.train_step(batch)
+        gpu_memory.after_step()
+        return metrics
 
     def weight_specs(self) -> list[TensorSpec]:
         return self.backend.weight_specs()
@@ -263,6 +266,7 @@ def follow(
         match cmd:
             case Train():
                 backend.train_step(None)
+                gpu_memory.after_step()
             case Publish(paused):
                 try:
                     stage.send(paused)

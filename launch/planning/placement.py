@@ -31,6 +31,11 @@ from dataclasses import dataclass
 from areal_jobs.config import ClusterConfig, JobConfig, Placement
 
 
+class LayoutError(ValueError):
+    """A split of the nodes or GPUs that cannot run; another cluster.placement, rollout_fraction or
+    node count may (launch/planning/suggest.py searches for one)."""
+
+
 @dataclass(frozen=True)
 class GpuSplit:
     """Where the roles run. Rollout servers fill `rollout_nodes` whole nodes, then
@@ -57,7 +62,7 @@ def node_split(cluster: ClusterConfig) -> GpuSplit:
     """Whole nodes: the rollout share is rounded down (fraction < 1, so at least one trainer node
     remains) and must leave at least one rollout node."""
     if cluster.nodes < 2:
-        raise ValueError(
+        raise LayoutError(
             f"cluster.nodes={cluster.nodes}: cluster.placement=nodes needs at least one rollout node and one "
             "trainer node: set cluster.nodes>=2, or cluster.placement=gpus (or auto) to split the GPUs of "
             "one node, or cluster.placement=colocated"
@@ -65,7 +70,7 @@ def node_split(cluster: ClusterConfig) -> GpuSplit:
     # the epsilon keeps 30 * 0.7 = 20.999... from rounding down to 20
     rollout_nodes = math.floor(cluster.nodes * cluster.rollout_share + 1e-9)
     if rollout_nodes < 1:
-        raise ValueError(
+        raise LayoutError(
             f"cluster.rollout_fraction={cluster.rollout_fraction} of cluster.nodes={cluster.nodes} leaves no "
             "rollout node: raise cluster.rollout_fraction or cluster.nodes, or use cluster.placement=gpus"
         )
@@ -80,7 +85,7 @@ def gpu_split(cluster: ClusterConfig, rollout_tp: int) -> GpuSplit:
     whole, rest = divmod(rollout, gpn)
     shared = rest // rollout_tp * rollout_tp  # servers never span nodes: whole TP groups
     if whole == 0 and shared == 0:
-        raise ValueError(
+        raise LayoutError(
             f"cluster.placement=gpus: rollout_fraction={cluster.rollout_fraction} of {total} GPUs leaves no "
             f"whole server of rollout.tp_size={rollout_tp}: raise cluster.rollout_fraction, lower "
             "rollout.tp_size, or use cluster.placement=colocated"
@@ -90,7 +95,7 @@ def gpu_split(cluster: ClusterConfig, rollout_tp: int) -> GpuSplit:
 
 def colocated_split(cluster: ClusterConfig) -> GpuSplit:
     if cluster.nodes != 1:
-        raise ValueError(
+        raise LayoutError(
             f"cluster.placement=colocated runs on one node, not cluster.nodes={cluster.nodes}: set "
             "cluster.nodes=1, or cluster.placement=gpus / nodes for several nodes"
         )
@@ -121,7 +126,14 @@ def split_gpus(cluster: ClusterConfig, rollout_tp: int) -> GpuSplit:
 
 def colocated_schedule(job: JobConfig) -> JobConfig:
     """cluster.placement=colocated: the synchronous schedule (algo.max_staleness=0), so no request
-    is generated while the trainer uses the devices the servers share (launch.planning.plan, launch.local)."""
-    if job.cluster.placement is not Placement.colocated or job.algo.max_staleness == 0:
+    is generated while the trainer uses the devices the servers share, and the servers free their
+    GPU memory while it steps (rollout.release_memory_while_training; launch.planning.plan, launch.local)."""
+    if job.cluster.placement is not Placement.colocated:
         return job
-    return dataclasses.replace(job, algo=dataclasses.replace(job.algo, max_staleness=0))
+    if job.algo.max_staleness == 0 and job.rollout.release_memory_while_training:
+        return job
+    return dataclasses.replace(
+        job,
+        algo=dataclasses.replace(job.algo, max_staleness=0),
+        rollout=dataclasses.replace(job.rollout, release_memory_while_training=True),
+    )

@@ -32,7 +32,8 @@ from areal_jobs.config import (
     TrainerConfig,
     WeightSyncConfig,
 )
-from launch.planning.placement import GpuSplit, colocated_schedule, node_split, split_gpus
+from launch.planning.gpu_shares import apply_shares, shares_for
+from launch.planning.placement import GpuSplit, LayoutError, colocated_schedule, node_split, split_gpus
 
 # Ports used when the config leaves them at 0 ("any free port" only works on one machine).
 DEFAULT_SERVER_BASE_PORT = 30000
@@ -106,27 +107,62 @@ class AllocationPlan:
     def describe(self) -> str:
         """One line for the script header and the submit output."""
         trainer = f"TP {self.trainer_tp} x PP {self.trainer_pp} x DP {self.trainer_dp}"
+        servers = f"{plural(self.num_servers, 'server')} of TP {self.rollout_tp}"
+        ranks = plural(self.trainer_world_size, "trainer rank")
         if self.placement is Placement.colocated:
             return (
-                f"1 node x {self.gpus_per_node} GPUs, colocated: {self.num_servers} servers of TP {self.rollout_tp} "
-                f"and {self.trainer_world_size} trainer ranks ({trainer}) time-share GPUs "
-                f"{self.trainer_gpu_ids} (synchronous: algo.max_staleness=0)"
+                f"1 node x {plural(self.gpus_per_node, 'GPU')}, colocated: {servers} and {ranks} ({trainer}) "
+                f"time-share {gpu_range(0, self.gpus_per_node)} (synchronous: algo.max_staleness=0)"
             )
         if self.placement is Placement.gpus:
-            later = self.trainer_nodes - 1
             return (
-                f"{self.nodes} nodes x {self.gpus_per_node} GPUs, GPU-level split {self.rollout_gpus} + "
-                f"{self.trainer_gpus}: {self.num_servers} servers of TP {self.rollout_tp} on {self.rollout_nodes} "
-                f"whole nodes + GPUs 0-{self.shared_rollout_gpus - 1} of node {self.rollout_nodes + 1}; "
-                f"{self.trainer_world_size} trainer ranks ({trainer}) on GPUs {self.trainer_gpu_ids} of node "
-                f"{self.rollout_nodes + 1}" + (f" + {later} whole nodes" if later else "")
+                f"{plural(self.nodes, 'node')} x {plural(self.gpus_per_node, 'GPU')}, GPU-level split "
+                f"{self.rollout_gpus} + {self.trainer_gpus}: {servers} on {self.rollout_where()}; "
+                f"{ranks} ({trainer}) on {self.trainer_where()}"
             )
         return (
-            f"{self.nodes} nodes x {self.gpus_per_node} GPUs = {self.rollout_nodes} rollout nodes "
-            f"({self.rollout_gpus} GPUs, {self.num_servers} servers of TP {self.rollout_tp}) + "
-            f"{self.trainer_nodes} trainer nodes ({self.trainer_gpus} GPUs, {self.trainer_world_size} ranks: "
-            f"TP {self.trainer_tp} x PP {self.trainer_pp} x DP {self.trainer_dp})"
+            f"{plural(self.nodes, 'node')} x {plural(self.gpus_per_node, 'GPU')} = "
+            f"{plural(self.rollout_nodes, 'rollout node')} ({plural(self.rollout_gpus, 'GPU')}, {servers}) + "
+            f"{plural(self.trainer_nodes, 'trainer node')} ({plural(self.trainer_gpus, 'GPU')}, "
+            f"{plural(self.trainer_world_size, 'rank')}: {trainer})"
         )
+
+    @property
+    def shared_node(self) -> int:
+        """1-based number of the first trainer node (gpus / colocated: the one servers may share)."""
+        return self.rollout_nodes + 1
+
+    def rollout_where(self) -> str:
+        """Where the servers run: "nodes 1-2 + GPUs 0-1 of node 3", "GPUs 0-5 of node 1"."""
+        parts = []
+        if self.rollout_nodes:
+            parts.append(node_range(1, self.rollout_nodes))
+        if self.shared_rollout_gpus:
+            parts.append(f"{gpu_range(0, self.shared_rollout_gpus)} of node {self.shared_node}")
+        return " + ".join(parts)
+
+    def trainer_where(self) -> str:
+        """Where the trainer ranks run: "GPUs 6-7 of node 1", "GPUs 5-7 of node 3 + node 4"."""
+        first = (
+            f"{gpu_range(self.trainer_first_gpu, self.trainer_tasks_first_node)} of node {self.shared_node}"
+        )
+        later = self.trainer_nodes - 1
+        return first + (f" + {node_range(self.shared_node + 1, later)}" if later else "")
+
+
+def plural(count: int, noun: str) -> str:
+    """ "1 node", "3 nodes", "1 trainer rank" (the nouns used here take an s)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def node_range(first: int, count: int) -> str:
+    """ "node 4", "nodes 1-3" (1-based, count >= 1)."""
+    return f"node {first}" if count == 1 else f"nodes {first}-{first + count - 1}"
+
+
+def gpu_range(first: int, count: int) -> str:
+    """ "GPU 3", "GPUs 0-5" (count >= 1)."""
+    return f"GPU {first}" if count == 1 else f"GPUs {first}-{first + count - 1}"
 
 
 def split_nodes(cluster: ClusterConfig) -> tuple[int, int]:
@@ -159,9 +195,9 @@ def _trainer_layout(
     gpus, first = split.trainer_gpus, split.trainer_gpus_first_node
     if trainer.backend is TrainerBackend.torch:
         if gpus != 1:
-            raise ValueError(
+            raise LayoutError(
                 f"trainer.backend=torch runs one process, but the trainer has {gpus} GPUs "
-                f"({split.trainer_nodes} nodes, cluster.placement={split.placement.value}): use "
+                f"({plural(split.trainer_nodes, 'node')}, cluster.placement={split.placement.value}): use "
                 "trainer=fsdp or trainer=megatron, or give the trainer one GPU (cluster.gpus_per_node=1, "
                 "or cluster.rollout_fraction so that one trainer GPU remains)"
             )
@@ -169,25 +205,25 @@ def _trainer_layout(
     tp, pp = trainer.tp_size, trainer.pp_size
     per_node = {first} | ({cluster.gpus_per_node} if split.trainer_nodes > 1 else set())
     if any(n % tp for n in per_node):
-        raise ValueError(
+        raise LayoutError(
             f"trainer.tp_size={tp} must divide the trainer's GPUs on each node ({sorted(per_node)}: "
             "tensor parallelism stays inside a node): lower trainer.tp_size, or change "
             "cluster.rollout_fraction / cluster.placement"
         )
     if gpus % (tp * pp):
-        raise ValueError(
+        raise LayoutError(
             f"trainer.tp_size={tp} x trainer.pp_size={pp} does not divide the {gpus} trainer GPUs: change "
             "trainer.pp_size, trainer.tp_size, cluster.nodes or cluster.rollout_fraction"
         )
     dp = gpus // (tp * pp)
     if trainer.dp_size not in (1, dp):
-        raise ValueError(
+        raise LayoutError(
             f"trainer.dp_size={trainer.dp_size}, but {gpus} trainer GPUs / (TP {tp} x PP {pp}) give DP {dp}: "
             "drop the trainer.dp_size override (it is derived) or change cluster.nodes"
         )
     samples = algo.batch_size * algo.group_size
     if samples < dp:
-        raise ValueError(
+        raise LayoutError(
             f"algo.batch_size={algo.batch_size} x algo.group_size={algo.group_size} = {samples} samples per "
             f"step cannot feed {dp} data-parallel ranks: raise algo.batch_size or lower cluster.nodes"
         )
@@ -273,19 +309,23 @@ def plan_job(job: JobConfig) -> AllocationPlan:
 
 
 def apply_plan(job: JobConfig, plan: AllocationPlan) -> JobConfig:
-    """The config every role reads: server count, derived DP and the fixed ports written in."""
+    """The config every role reads: server count, derived DP, the fixed ports and, where servers
+    and trainer ranks share GPUs (colocated), each one's share of their memory written in."""
     replace = dataclasses.replace
-    return replace(
-        colocated_schedule(job) if plan.placement is Placement.colocated else job,
+    base = colocated_schedule(job) if plan.placement is Placement.colocated else job
+    planned = replace(
+        base,
         rollout=replace(
-            job.rollout,
+            base.rollout,
             num_servers=plan.num_servers,
             base_port=plan.server_base_port,
             controller_port=plan.controller_port,
         ),
         trainer=replace(
-            job.trainer, tp_size=plan.trainer_tp, pp_size=plan.trainer_pp, dp_size=plan.trainer_dp
+            base.trainer, tp_size=plan.trainer_tp, pp_size=plan.trainer_pp, dp_size=plan.trainer_dp
         ),
-        weight_sync=replace(job.weight_sync, master_port=plan.weight_sync_port),
-        cluster=replace(job.cluster, rollout_fraction=repr(plan.rollout_fraction)),
+        weight_sync=replace(base.weight_sync, master_port=plan.weight_sync_port),
+        cluster=replace(base.cluster, rollout_fraction=repr(plan.rollout_fraction)),
     )
+    shared = plan.placement is Placement.colocated  # a server and a trainer rank on every GPU
+    return apply_shares(planned, shares_for(planned, int(shared), int(shared)))

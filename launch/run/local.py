@@ -33,13 +33,17 @@ from areal_jobs.config import (
     JobConfig,
     Placement,
     TrainerBackend,
+    check_override_keys,
     register_configs,
+    resolve_job_token,
     save_job_config,
     to_job_config,
 )
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import read_jsonl
 from areal_jobs.report import final_line, length_table
+from areal_jobs.rollout.server import cuda_available
+from launch.planning.gpu_shares import apply_shares, local_shares
 from launch.planning.memory_plan import check_memory, local_layout
 from launch.planning.placement import colocated_schedule
 from launch.run.elastic import SCALE_FILE, ServerSet
@@ -187,23 +191,35 @@ def on_sigterm_interrupt() -> None:
 def launch(cfg: JobConfig) -> int:
     if cfg.cluster.kind is not ClusterKind.local:
         raise SystemExit("launch.local runs cluster=local only; submit cluster jobs with `make submit`")
-    if cfg.cluster.placement is Placement.colocated and cfg.algo.max_staleness:
+    if cfg.cluster.placement is Placement.colocated:
         # every role already shares this machine's devices; colocated also means: never generate
-        # while the trainer computes (a one-GPU box holds both, time-shared)
-        logger.info("cluster.placement=colocated: synchronous schedule, algo.max_staleness=0")
+        # while the trainer computes (a one-GPU box holds both, time-shared), and the servers free
+        # their memory while it does
+        logger.info(
+            "cluster.placement=colocated: synchronous schedule (algo.max_staleness=0), the servers "
+            "release their memory while the trainer steps"
+        )
         cfg = colocated_schedule(cfg)
     t0 = time.time()
     run_dir = cfg.run.dir.resolve()
+    ensure_model(cfg)  # the shared built-in model keeps the caller's permissions
+    # everything the run writes from here on, by this process and every role it starts (they
+    # inherit the umask), checkpoints included: 0700 / 0600, or group-readable (run.share_with_group)
+    os.umask(cfg.run.umask)
     if prepare_run_dir(run_dir, cfg.checkpoint.resume):
         logger.info("resuming %s from its last checkpoint", run_dir)
-    ensure_model(cfg)
     check_local_memory(cfg)
+    run_dir.chmod(cfg.run.dir_mode)  # a directory an older version left 0755
     print_first_prompt(cfg)
+    if cuda_available():  # every server and trainer rank 0 share GPU 0 here: divide its memory
+        shares = local_shares(cfg)
+        cfg = apply_shares(cfg, shares)
+        logger.info("%s", shares.describe())
     config_path = run_dir / "config.yaml"
-    save_job_config(cfg, config_path)
-    env = dict(
-        os.environ, AREAL_JOB_TOKEN=cfg.run.token or secrets.token_hex(16), AREAL_JOB_START_TIME=str(t0)
-    )
+    save_job_config(cfg, config_path)  # without run.token
+    token, source = resolve_job_token(cfg.run, os.environ)
+    logger.info("job token: %s", source)
+    env = dict(os.environ, AREAL_JOB_TOKEN=token or secrets.token_hex(16), AREAL_JOB_START_TIME=str(t0))
     env.setdefault("AREAL_BIND_HOST", "127.0.0.1")
     env.setdefault("OMP_NUM_THREADS", str(cfg.trainer.threads))
     logs = run_dir / "logs"
@@ -340,6 +356,14 @@ def _postfix(row: dict) -> dict[str, str]:
 
 
 register_configs()
+
+
+def refuse_unknown_overrides(argv: list[str], conf_dir: Path) -> None:
+    """Exit, naming the closest real key, for an override of a key the schema lacks."""
+    try:
+        check_override_keys(argv, conf_dir, JobConfig)
+    except ValueError as exc:
+        raise SystemExit(f"invalid configuration: {exc}") from None
 
 
 def main(dcfg: DictConfig) -> None:

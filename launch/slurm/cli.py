@@ -13,6 +13,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -22,8 +23,8 @@ class SlurmError(RuntimeError):
 
 
 class Slurm(Protocol):
-    def submit(self, script: Path) -> str:
-        """Submit a batch script; return the job id."""
+    def submit(self, script: Path, env: Mapping[str, str] | None = None) -> str:
+        """Submit a batch script (sbatch passes `env`, default ours, on to the job); return the job id."""
         ...
 
     def status(self, job_id: str) -> str:
@@ -33,13 +34,13 @@ class Slurm(Protocol):
     def cancel(self, job_id: str) -> None: ...
 
 
-def run_command(args: list[str]) -> str:
+def run_command(args: list[str], env: Mapping[str, str] | None = None) -> str:
     """Run one SLURM client command; its stdout, or SlurmError naming the command and its stderr."""
     if shutil.which(args[0]) is None:
         raise SlurmError(
             f"{args[0]} not found on PATH: run this on a SLURM login node, or render only with launch.dry_run=true"
         )
-    proc = subprocess.run(args, check=False, capture_output=True, text=True)
+    proc = subprocess.run(args, check=False, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SlurmError(
             f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
@@ -58,8 +59,8 @@ def parse_job_id(sbatch_parsable: str) -> str:
 class SlurmCli:
     """The real thing: shells out to the SLURM client commands on PATH."""
 
-    def submit(self, script: Path) -> str:
-        return parse_job_id(run_command(["sbatch", "--parsable", str(script)]))
+    def submit(self, script: Path, env: Mapping[str, str] | None = None) -> str:
+        return parse_job_id(run_command(["sbatch", "--parsable", str(script)], env=env))
 
     def status(self, job_id: str) -> str:
         queued = run_command(["squeue", "-h", "-j", job_id, "-o", "%i %j %T %M/%l %D %R"]).strip()

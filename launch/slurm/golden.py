@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from areal_jobs.config import register_configs, to_job_config
+from launch.slurm.render import Provenance
 from launch.slurm.submit import prepare
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +27,9 @@ CONF_DIR = REPO / "conf"
 SBATCH_DIR = REPO / "sbatch"
 WORKDIR = "/shared/areal_jobs"
 PYTHON = "/shared/areal_jobs/.venv/bin/python"
+# a submitted job records its commit; the references record this instead, so they do not change
+# with every commit (their overrides are real: the command that gives the same script)
+GOLDEN_SOURCE = "fixed for the committed reference renders (launch/slurm/golden.py); a submitted job records its git commit here"
 
 # reference name -> experiment and extra overrides (sbatch/<name>.sbatch); the account/qos
 # placeholders show ops where site values go
@@ -56,7 +60,8 @@ def render_reference(name: str) -> str:
     overrides = [f"experiment={experiment}", *COMMON_OVERRIDES, *extra]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="submit", overrides=overrides)
-    return prepare(to_job_config(cfg), cwd=WORKDIR, python=PYTHON).script
+    provenance = Provenance(overrides=tuple(overrides), source=GOLDEN_SOURCE)
+    return prepare(to_job_config(cfg), cwd=WORKDIR, python=PYTHON, provenance=provenance).script
 
 
 def golden_path(name: str) -> Path:

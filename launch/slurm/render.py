@@ -11,12 +11,41 @@ from __future__ import annotations
 import re
 import shlex
 import string
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from areal_jobs.config import ClusterConfig, JobConfig, Placement, RolloutEngine
 from launch.planning.plan import AllocationPlan
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "sbatch" / "hetjob.sbatch.tmpl"
+
+
+SECRET_KEYS = ("run.token",)  # overrides whose value is never written into the script
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What produced a script, for whoever has to reproduce it: the command-line overrides (Hydra's
+    task overrides: one multirun job's own values) and the checkout's commit. `source` is free text
+    ("git <sha>", "git <sha> + uncommitted changes", "not a git checkout"); the committed
+    reference renders pass a fixed one (launch/slurm/golden.py) so they do not change per commit."""
+
+    overrides: tuple[str, ...] = ()
+    source: str = "unknown"
+
+    def command_line(self) -> str:
+        """The command, with run.token's value redacted: the script is not a place for a secret."""
+        shown = []
+        for override in self.overrides:
+            key, sep, _ = override.partition("=")
+            if sep and key.lstrip("+~") in SECRET_KEYS:
+                override = f"{key}=REDACTED"
+            shown.append(shlex.quote(override))
+        return " ".join(["python -m launch.submit", *shown])
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 class SbatchTemplate(string.Template):
@@ -121,15 +150,10 @@ def _placement_values(plan: AllocationPlan) -> dict[str, str]:
         }
     serving_nodes = plan.rollout_nodes + (1 if plan.shared_servers else 0)
     hostnames = 'scontrol show hostnames "$SLURM_JOB_NODELIST"'
-    shared_node = plan.rollout_nodes + 1
-    later = (
-        f" and every GPU of the {plan.trainer_nodes - 1} node(s) after it" if plan.trainer_nodes > 1 else ""
-    )
     role_nodes = "\n".join(
         [
-            f"# {plan.placement.value} placement: servers fill {plan.rollout_nodes} whole node(s), then GPUs "
-            f"0-{plan.shared_rollout_gpus - 1} of node {shared_node};",
-            f"# the trainer uses GPUs {plan.trainer_gpu_ids} of node {shared_node}{later}",
+            f"# {plan.placement.value} placement: the servers use {plan.rollout_where()};",
+            f"# the trainer uses {plan.trainer_where()}",
             f"ROLLOUT_NODELIST=$({hostnames} | head -n {serving_nodes} | paste -sd,)",
             f"TRAINER_NODELIST=$({hostnames} | tail -n {plan.trainer_nodes} | paste -sd,)",
             "# task i of a step runs on line i of its hostfile (srun --distribution=arbitrary)",
@@ -196,13 +220,22 @@ def engine_python(job: JobConfig) -> str:
     return job.cluster.python
 
 
-def render_sbatch(job: JobConfig, plan: AllocationPlan, template: str | None = None) -> str:
-    """The sbatch script for `job` laid out by `plan` (pass the planned job: see plan.apply_plan)."""
+def render_sbatch(
+    job: JobConfig, plan: AllocationPlan, template: str | None = None, provenance: Provenance | None = None
+) -> str:
+    """The sbatch script for `job` laid out by `plan` (pass the planned job: see plan.apply_plan),
+    headed by what produced it (`provenance`)."""
+    provenance = provenance or Provenance()
     _check_paths(job.cluster)
     text = template if template is not None else TEMPLATE_PATH.read_text()
     last_port = plan.server_base_port + plan.num_servers - 1
     values = {
         "plan_summary": plan.describe(),
+        "umask": f"{job.run.umask:03o}",
+        "run_dir_mode": f"{job.run.dir_mode:o}",
+        "file_modes": "group-readable (0750 / 0640)" if job.run.share_with_group else "private (0700 / 0600)",
+        "command": _one_line(provenance.command_line()),
+        "source": _one_line(provenance.source),
         "sbatch_header": sbatch_header(job, plan),
         "run_dir": shlex.quote(run_dir_of(job)),
         "python": shlex.quote(job.cluster.python),

@@ -126,6 +126,7 @@ def render_satellite(job: JobConfig, run_dir: Path, main_job: str, first_index: 
         "nccl_exports": nccl_exports(cluster),
         "srun_container": srun_container(cluster),
         "watch_interval_s": str(WATCH_INTERVAL_S),
+        "umask": f"{job.run.umask:03o}",
     }
     return SbatchTemplate(TEMPLATE_PATH.read_text()).substitute(values), num_servers
 

@@ -13,9 +13,13 @@ this task once per combination, each with its own run directory and its own job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
+import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,16 +29,23 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from areal_jobs.config import (
+    TOKEN_ENV,
     ClusterKind,
     JobConfig,
+    check_override_keys,
+    resolve_job_token,
     save_job_config,
     to_job_config,
 )
 from launch.planning.allocation import resolve_auto_fraction
 from launch.planning.memory_plan import MemoryPlan, check_memory, unknown_shape_note
-from launch.planning.plan import AllocationPlan, apply_plan, plan_job
+from launch.planning.plan import AllocationPlan, apply_plan
+from launch.planning.suggest import plan_or_explain
 from launch.slurm.cli import Slurm, SlurmCli, SlurmError
-from launch.slurm.render import render_sbatch, run_dir_of
+from launch.slurm.preflight import check_before_writing
+from launch.slurm.render import Provenance, render_sbatch, run_dir_of
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,14 @@ class PreparedJob:
         return self.memory.describe() if self.memory is not None else unknown_shape_note(self.job)
 
 
-def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> PreparedJob:
+def prepare(
+    job: JobConfig,
+    *,
+    cwd: str,
+    python: str,
+    name_suffix: str = "",
+    provenance: Provenance | None = None,
+) -> PreparedJob:
     """Pure: fill the submission-time defaults, plan the layout, check that the trainer fits its
     GPUs (cluster.gpu_memory_gib; a ValueError names overrides that fit) and render the script."""
     if job.cluster.kind is not ClusterKind.slurm:
@@ -73,10 +91,36 @@ def prepare(job: JobConfig, *, cwd: str, python: str, name_suffix: str = "") -> 
         run=dataclasses.replace(job.run, name=name, root=_under(cluster.workdir, job.run.root)),
         model=dataclasses.replace(job.model, builtin_dir=_under(cluster.workdir, job.model.builtin_dir)),
     )
-    plan = plan_job(resolve_auto_fraction(job))
+    plan = plan_or_explain(resolve_auto_fraction(job))
     job = apply_plan(job, plan)
     memory = check_memory(job, plan)
-    return PreparedJob(job=job, plan=plan, script=render_sbatch(job, plan), memory=memory)
+    script = render_sbatch(job, plan, provenance=provenance)
+    return PreparedJob(job=job, plan=plan, script=script, memory=memory)
+
+
+def git_source(repo: Path = REPO) -> str:
+    """The checkout's commit, and whether it has uncommitted changes (untracked files count: a new
+    module runs too), for the script's `# Source:` line."""
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return f"{repo}: not a git checkout (no commit recorded)"
+    if not changed:
+        return f"git {sha} (clean) in {repo}"
+    return f"git {sha} + uncommitted changes ({len(changed)} paths: `git -C {repo} status`) in {repo}"
 
 
 def _under(workdir: str, path: str) -> str:
@@ -95,36 +139,65 @@ def ensure_builtin_model(job: JobConfig) -> None:
 
 
 def write_run_dir(prepared: PreparedJob) -> Path:
-    """Write config.yaml and job.sbatch; create logs/ (sbatch does not create --output dirs)."""
+    """Write config.yaml (without run.token) and job.sbatch; create logs/ (sbatch does not create
+    --output dirs). Call under the run's umask (private_files)."""
     run_dir = prepared.run_dir
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    run_dir.chmod(prepared.job.run.dir_mode)  # a directory an older version left 0755
     save_job_config(prepared.job, run_dir / "config.yaml")
     script = run_dir / "job.sbatch"
     script.write_text(prepared.script)
-    script.chmod(0o755)
+    script.chmod(0o777 & ~prepared.job.run.umask & 0o755)
     return script
 
 
-def submit(prepared: PreparedJob, slurm: Slurm, *, dry_run: bool) -> str | None:
-    """Write the run directory and submit (unless dry_run). Returns the job id."""
+@contextlib.contextmanager
+def private_files(umask: int) -> Iterator[None]:
+    """The run's umask for what this process writes and for sbatch, which hands it to the job
+    (SLURM_UMASK); the script sets it again itself."""
+    previous = os.umask(umask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def submit(
+    prepared: PreparedJob, slurm: Slurm, *, dry_run: bool, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """Write the run directory and submit (unless dry_run). Returns the job id.
+
+    The job token: AREAL_JOB_TOKEN in `environ` (default os.environ) wins over run.token, which
+    sbatch then passes to the job in its environment (never a file); with neither, the job
+    generates one at each attempt (RUN_DIR/job_token, 0600)."""
+    environ = os.environ if environ is None else environ
     if (prepared.run_dir / "summary.json").exists():
         # the job script reads summary.json as "this run is over"; a new run needs its own dir
         raise ValueError(
             f"{prepared.run_dir} holds a finished run (summary.json): choose another run.name=... "
             "or move that directory away"
         )
+    for warning in check_before_writing(prepared.job):  # refuses what the script itself would miss
+        print(f"warning: {warning} (the roles read it on the nodes)")
     resumes = (prepared.run_dir / "checkpoints").exists()
-    script = write_run_dir(prepared)
+    token, source = resolve_job_token(prepared.job.run, environ)
+    with private_files(prepared.job.run.umask):
+        script = write_run_dir(prepared)
     print(f"plan: {prepared.plan.describe()}")
     print(prepared.memory_text())
-    print(f"run dir: {prepared.run_dir}")
+    for line in prepared.script.splitlines()[:20]:
+        if line.startswith("# Source: "):
+            print(f"source: {line.removeprefix('# Source: ')}")
+    print(f"run dir: {prepared.run_dir} (mode {prepared.job.run.dir_mode:o})")
+    print(f"job token: {source}")
     if dry_run:
         print(f"dry run: wrote {script} and {prepared.run_dir / 'config.yaml'}; nothing submitted")
         return None
     ensure_builtin_model(prepared.job)
-    job_id = slurm.submit(script)
-    with (prepared.run_dir / "jobs.txt").open("a") as jobs:
-        jobs.write(f"{job_id}\n")
+    with private_files(prepared.job.run.umask):
+        job_id = slurm.submit(script, env={**environ, TOKEN_ENV: token} if token else None)
+        with (prepared.run_dir / "jobs.txt").open("a") as jobs:
+            jobs.write(f"{job_id}\n")
     if resumes:
         print("note: the run dir has checkpoints: the job resumes from the latest one (checkpoint.resume)")
     print(f"submitted job {job_id}")
@@ -146,15 +219,27 @@ def sweep_suffix(argv: list[str], task_overrides: list[str]) -> str:
     return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", ",".join(parts))
 
 
+def refuse_unknown_overrides(argv: list[str], conf_dir: Path) -> None:
+    """Exit 2, naming the closest real key, for an override of a key the schema lacks."""
+    try:
+        check_override_keys(argv, conf_dir, JobConfig)
+    except ValueError as err:
+        print(f"error: {err}\nnothing was submitted", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(cfg: DictConfig) -> None:
     """`python -m launch.submit`: the door (launch/submit.py) holds Hydra's entry point."""
     hydra_cfg = HydraConfig.get()
     suffix = ""
     if hydra_cfg.mode is RunMode.MULTIRUN:
         suffix = sweep_suffix(sys.argv[1:], list(hydra_cfg.overrides.task)) or str(hydra_cfg.job.num)
+    provenance = Provenance(overrides=tuple(hydra_cfg.overrides.task), source=git_source())
     try:
         job = to_job_config(cfg)
-        prepared = prepare(job, cwd=hydra_cfg.runtime.cwd, python=sys.executable, name_suffix=suffix)
+        prepared = prepare(
+            job, cwd=hydra_cfg.runtime.cwd, python=sys.executable, name_suffix=suffix, provenance=provenance
+        )
         submit(prepared, SlurmCli(), dry_run=job.launch.dry_run)
     except (ValueError, SlurmError) as err:
         print(f"error: {err}\nnothing was submitted for this configuration", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -73,6 +74,48 @@ def run_local(tmp_path: Path, model_dir: Path, name: str, *overrides: str) -> Pa
     return run_dir
 
 
+def processes_showing(secret: str) -> list[str]:
+    """Every process on the machine whose command line (what `ps` shows any user) holds `secret`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:  # gone meanwhile
+                continue
+            if secret.encode() in cmdline:
+                shown = cmdline.replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{entry}: {shown[:300]}")
+    return found
+
+
+def run_processes(run_dir: Path) -> list[int]:
+    """The launcher's roles and every process under them (SGLang's scheduler and detokenizer, reward
+    workers, trainer ranks), from pids.json and /proc's parent links."""
+    roots = set(json.loads((run_dir / "pids.json").read_text()).values())
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(
+                    Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(roots), set(roots)
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return sorted(pid for pid in found if pid in parents)
+
+
+def assert_private(run_dir: Path) -> None:
+    """The run directory and everything in it, checkpoints included, belong to the user alone."""
+    for path in [run_dir, *run_dir.rglob("*")]:
+        if not path.is_symlink():
+            assert path.stat().st_mode & 0o077 == 0, f"{path} is {oct(path.stat().st_mode & 0o777)}"
+
+
 def ledger(run_dir: Path) -> list[dict]:
     """The complete rows (a test may read while the trainer appends one)."""
     text = (run_dir / "ledger.jsonl").read_text()
@@ -121,13 +164,36 @@ def test_eta_zero_is_synchronous_and_a_preempted_run_resumes_the_same_prompt_seq
 ):
     """SIGUSR1 after step 2: the trainer checkpoints and exits 0 (launcher code 3); the same command
     resumes. With eta = 0 the prompt sequence is fixed, step s trains prompts 2(s-1) and 2(s-1)+1,
-    exactly as an uninterrupted run would, and every token was sampled under the trained version."""
+    exactly as an uninterrupted run would, and every token was sampled under the trained version.
+    Colocated placement: the same synchronous schedule, and the server releases its memory once
+    each batch is generated and takes it back for the weight update (issue 28; on CPU SGLang only
+    flushes its cache, so this checks the hand-over and that nothing changes by it)."""
     # steps take well under a second: the signal lands some steps after the second, never the last
-    args = ("algo.max_staleness=0", f"trainer.total_steps={STEPS_ETA0}", "checkpoint.every_steps=0")
-    proc = start_local(tmp_path, tiny_model_dir, "eta0", *args)
+    args = (
+        "algo.max_staleness=0", "cluster.placement=colocated",
+        f"trainer.total_steps={STEPS_ETA0}", "checkpoint.every_steps=0",
+    )  # fmt: skip
+    # the job token from the environment (it wins over run.token, here on the command line too)
+    token, config_token = secrets.token_hex(16), secrets.token_hex(16)
+    proc = start_local(
+        tmp_path, tiny_model_dir, "eta0", *args, f"run.token={config_token}",
+        env=dict(os.environ, AREAL_JOB_TOKEN=token),
+    )  # fmt: skip
     wait_for_steps(tmp_path / "eta0", 2, proc)
+    # issue 28: while every role runs, no process on the machine shows the token to `ps` (SGLang
+    # had it as --api-key), and the roles really are up: servers, SGLang's children, trainer, ...
+    assert len(run_processes(tmp_path / "eta0")) >= 5
+    assert processes_showing(token) == []
     os.kill(json.loads((tmp_path / "eta0" / "pids.json").read_text())["trainer"], signal.SIGUSR1)
     assert proc.wait(timeout=600) == 3, proc.stdout.read()
+    assert "job token: AREAL_JOB_TOKEN from the environment" in proc.stdout.read()
+    for path in (tmp_path / "eta0").rglob("*"):  # neither token is in a file (logs included)
+        if path.is_file():
+            assert (
+                token.encode() not in path.read_bytes() and config_token.encode() not in path.read_bytes()
+            ), path
+    assert_private(tmp_path / "eta0")  # 0700 / 0600, the checkpoint of the preemption included
+    assert any((tmp_path / "eta0" / "checkpoints").iterdir())
     trainer_log = (tmp_path / "eta0" / "logs" / "trainer.log").read_text()
     preempted_at = int(re.search(r"checkpoint saved at step (\d+)\b", trainer_log).group(1))
     assert 2 <= preempted_at < STEPS_ETA0
@@ -144,3 +210,7 @@ def test_eta_zero_is_synchronous_and_a_preempted_run_resumes_the_same_prompt_seq
     assert (
         summary["max_staleness_seen"] == 0 and summary["resumed"] is True and summary["steps"] == STEPS_ETA0
     )
+    controller_log = (run_dir / "logs" / "controller.log").read_text()
+    released = controller_log.count("the servers released their GPU memory")
+    assert released >= 2, controller_log[-3000:]  # a CPU step may be quicker than a poll: not each one
+    assert controller_log.count("the servers took their GPU memory back") >= released - 2

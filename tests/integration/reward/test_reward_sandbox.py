@@ -222,3 +222,15 @@ def test_weak_mode_reports_an_unreachable_interpreter(tmp_path) -> None:
     python.symlink_to(os.path.realpath(sys.executable))
     result = run("print(1)", limits=SandboxLimits(python=str(python), isolation=NetworkIsolation.none))
     assert not result.started and "reward.code_python" in result.error
+
+
+def test_a_private_umask_of_the_run_does_not_lock_the_sandbox_out(namespaces: bool) -> None:
+    """launch.local and the SLURM job run under umask 077 (issue 28: the run directory is private);
+    the root the boot script builds must still be traversable by the program (the interpreter's
+    installation is bound below directories the boot creates)."""
+    previous = os.umask(0o077)
+    try:
+        result = run("print('ok')")
+    finally:
+        os.umask(previous)
+    assert result.exited_cleanly and result.stdout == b"ok\n", result

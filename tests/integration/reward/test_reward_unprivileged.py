@@ -116,3 +116,11 @@ def test_auto_refuses_to_start_without_namespaces_and_the_weak_mode_is_explicit(
     assert "reward.network_isolation=userns" in required["error"]
     weak = run_case("start", "none", "no-unshare")
     assert (weak["mode"], weak["reward"]) == ("none", 1.0), weak
+
+
+def test_netns_without_root_offers_the_strong_mode_that_works() -> None:
+    """netns needs root; as a user the refusal names userns (its probe works here), not only none."""
+    refused = run_case("start", "netns")
+    assert "reward.network_isolation=netns is not available here" in refused["error"], refused
+    assert "netns needs root" in refused["error"]
+    assert "set reward.network_isolation=userns" in refused["error"], refused

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -224,3 +225,44 @@ def test_requests_without_the_api_key_are_refused(sglang_server):
     )
     for path in ("/pause_generation", "/update_weights_from_disk", "/init_weights_update_group"):
         assert requests.post(f"{sglang_server.url}{path}", json={}, timeout=30).status_code == 401
+
+
+def test_the_api_key_reaches_sglang_off_its_command_line(sglang_server):
+    """Issue 28: the server enforces the key (above), and no process of it shows the key to `ps`."""
+    pids = [sglang_server.process.pid]
+    for entry in os.listdir("/proc"):  # SGLang's scheduler and detokenizer
+        try:
+            stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.isdigit() and int(stat[1]) in pids:
+            pids.append(int(entry))
+    cmdlines = [open(f"/proc/{pid}/cmdline", "rb").read() for pid in pids]
+    assert b"--model-path" in cmdlines[0] and len(pids) >= 2
+    assert not any(sglang_server.api_key.encode() in c for c in cmdlines)
+
+
+def test_released_memory_comes_back_and_greedy_tokens_are_unchanged(sglang_server, tiny_model_dir):
+    """The colocated schedule's release_memory_occupation / resume_memory_occupation on SGLang's CPU
+    engine (no memory saver there: the cache is flushed, the weights stay): the calls succeed on an
+    idle server and it answers exactly as before. Memory actually freed is GPU-only."""
+    inputs = prompts(tiny_model_dir, 4)
+
+    async def go():
+        client = client_for(sglang_server)
+        try:
+            before = [
+                await client.generate(GenerateRequest(f"m{i}", ids, 16, 0.0)) for i, ids in enumerate(inputs)
+            ]
+            await client.release_memory()
+            assert await client.healthy()  # /health answers while released (the health loop runs on)
+            await client.resume_memory()
+            after = [
+                await client.generate(GenerateRequest(f"n{i}", ids, 16, 0.0)) for i, ids in enumerate(inputs)
+            ]
+            return before, after
+        finally:
+            await client.close()
+
+    before, after = asyncio.run(go())
+    assert [r.output_ids for r in after] == [r.output_ids for r in before]

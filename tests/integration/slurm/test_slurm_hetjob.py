@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import stat
 import subprocess
 import sys
@@ -55,19 +56,38 @@ def _snapshot(run_dir: Path, role: str, attempt: int = 0) -> dict:
     return json.loads((run_dir / "fake" / f"{role}.attempt{attempt}.json").read_text())
 
 
+def assert_private(run_dir: Path) -> None:
+    """The run directory and everything the job wrote there (the batch log, each task's files: the
+    script's umask reached them through srun) belong to the user alone (issue 28)."""
+    for path in [run_dir, *run_dir.rglob("*")]:
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is {oct(path.stat().st_mode & 0o777)}"
+
+
 def test_hetjob_places_roles_and_wires_them(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    user_token = secrets.token_hex(32)  # run.token: sbatch hands it to the job in its environment
     job_id, run_dir = submit(
-        slurm_cluster, tmp_path, "wiring", "trainer.total_steps=3", "+cluster.nccl_env.NCCL_SOCKET_IFNAME=lo"
+        slurm_cluster,
+        tmp_path,
+        "wiring",
+        "trainer.total_steps=3",
+        "+cluster.nccl_env.NCCL_SOCKET_IFNAME=lo",
+        f"run.token={user_token}",
     )
     assert slurm_cluster.wait_until_done(job_id, timeout_s=120) == ["COMPLETED", "COMPLETED"]
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert config["rollout"]["num_servers"] == 3
+    assert config["rollout"]["num_servers"] == 3 and config["run"]["token"] == ""
     base_port = config["rollout"]["base_port"]
     token_file = run_dir / "job_token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     token = token_file.read_text()
-    assert re.fullmatch(r"[0-9a-f]{64}", token)
+    assert token == user_token
+    assert "job token: given at submission" in (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
+    for path in run_dir.rglob("*"):  # the token's one file is job_token (0600)
+        # (fake/ holds what the stand-in roles record of their environment, the token included)
+        if path.is_file() and path != token_file and path.parent.name != "fake":
+            assert user_token not in path.read_text(errors="replace"), path
+    assert_private(run_dir)
 
     # group 0: one server per rollout node, each on its own fake GPU, registered for discovery
     nodes = []
@@ -119,6 +139,8 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster: LocalSlurm, tmp_pa
 
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
     assert "checkpoint written: requeueing" in batch_log, batch_log
+    assert batch_log.count("job token: generated for this attempt") == 2, batch_log  # one per attempt
+    assert_private(run_dir)
     assert "attempt 1] start" in batch_log, batch_log
     shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
     assert "Restarts=1" in shown, shown

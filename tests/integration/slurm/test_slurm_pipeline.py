@@ -10,6 +10,7 @@ untrained tiny model (no SFT warm start), 3 steps of 2 x 2 samples, short answer
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -63,6 +64,38 @@ def make_submit(cluster: LocalSlurm, overrides: list[str]) -> str:
     return match.group(1)
 
 
+def processes_showing(secret: str) -> list[str]:
+    """Every process on the machine whose command line (what `ps` shows any user) holds `secret`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
+        except OSError:  # gone meanwhile
+            continue
+        if secret.encode() in cmdline:
+            found.append(f"{entry}: " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:300])
+    return found
+
+
+def processes_of_job(cluster: LocalSlurm, job_id: str) -> list[int]:
+    """Processes slurmstepd started for `job_id` (they carry SLURM_JOB_ID; a het job's second group
+    has its own id, the leader's + 1) and their children, which inherit it."""
+    ids = {job_id.encode(), str(int(job_id) + 1).encode()}
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes() if entry.isdigit() else b""
+        except OSError:
+            continue
+        variables = dict(v.split(b"=", 1) for v in environ.split(b"\0") if b"=" in v)
+        if (
+            variables.get(b"SLURM_JOB_ID") in ids
+            and variables.get(b"SLURM_CONF") == cluster.env["SLURM_CONF"].encode()
+        ):
+            found.append(int(entry))
+    return found
+
+
 def dump_logs(run_dir: Path) -> str:
     parts = []
     for log in sorted((run_dir / "logs").glob("*")):
@@ -91,9 +124,16 @@ def test_usr1_checkpoints_and_the_requeued_job_resumes(slurm_cluster: LocalSlurm
         )
         time.sleep(1)
 
+    # issue 28: while the job's real roles run (SGLang servers and their children, controller,
+    # reward workers, trainer), no process on the machine shows the job's token to `ps`
+    token = (run_dir / "job_token").read_text()
+    assert len(processes_of_job(slurm_cluster, job_id)) >= 6
+    assert processes_showing(token) == []
     slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
     states = slurm_cluster.wait_until_done(job_id, timeout_s=JOB_TIMEOUT_S)
     assert states == ["COMPLETED", "COMPLETED"], dump_logs(run_dir)
+    for path in [run_dir, *run_dir.rglob("*")]:  # private, the checkpoint included
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is {oct(path.stat().st_mode & 0o777)}"
 
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
     assert "checkpoint written: requeueing" in batch_log and "attempt 1] start" in batch_log, batch_log

@@ -3,7 +3,9 @@ meet it (`--help`, bad overrides, dry run, multirun) with a recording stand-in f
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,9 +30,11 @@ class RecordingSlurm:
 
     def __init__(self) -> None:
         self.scripts: list[Path] = []
+        self.envs: list[dict[str, str] | None] = []
 
-    def submit(self, script: Path) -> str:
+    def submit(self, script: Path, env: dict[str, str] | None = None) -> str:
         self.scripts.append(script)
+        self.envs.append(env)
         return str(1000 + len(self.scripts))
 
     def status(self, job_id: str) -> str:
@@ -149,7 +153,8 @@ def test_help_explains_usage_and_lists_groups(fake_sbatch) -> None:
     ("override", "expected"),
     [
         ("cluster.nodes=banana", ["cluster.nodes", "'banana'", "Integer"]),
-        ("cluster.nodez=3", ["cluster.nodez", "not in 'ClusterConfig'"]),
+        ("cluster.nodez=3", ["cluster.nodez (did you mean cluster.nodes?)"]),
+        ("+cluster.nodez=3", ["cluster.nodez (did you mean cluster.nodes?)", "nothing was submitted"]),
         (
             "cluster.placement=colocated",
             ["cluster.placement=colocated", "cluster.nodes=1", "nothing was submitted"],
@@ -177,6 +182,13 @@ def test_submit_cli_end_to_end(fake_sbatch, tmp_path: Path) -> None:
     assert record.read_text() == f"--parsable {script}\n"
     assert "submitted job 4242" in proc.stdout and "48 servers of TP 2" in proc.stdout
     assert "#SBATCH --account=rl" in script.read_text()
+    # what produced it, for whoever reproduces it
+    text = script.read_text()
+    assert (
+        f"# Command: python -m launch.submit experiment=math_qwen2_7b run.root={tmp_path}/runs cluster.account=rl\n"
+        in text
+    )
+    assert re.search(r"^# Source: git [0-9a-f]{40} ", text, re.M) and "source: git " in proc.stdout
 
 
 def test_dry_run_cli_renders_without_sbatch(fake_sbatch, tmp_path: Path) -> None:
@@ -204,3 +216,86 @@ def test_multirun_submits_one_het_job_per_combination(fake_sbatch, tmp_path: Pat
         run_dir = tmp_path / "runs" / "math_qwen2_7b" / f"algo.max_staleness={staleness}"
         assert f"--parsable {run_dir}/job.sbatch" in calls
         assert load_job_config(run_dir / "config.yaml").algo.max_staleness == staleness
+
+
+# ------------------------------------------------------------------ login-node checks (issue 28)
+
+
+def test_vllm_renders_only_when_its_interpreter_exists(fake_sbatch, tmp_path: Path) -> None:
+    env, record = fake_sbatch
+    workdir = tmp_path / "checkout"  # a shared checkout without `make vllm-venv`
+    workdir.mkdir()
+    args = ("experiment=math_qwen2_1p5b", "rollout/engine=vllm", f"run.root={tmp_path}/runs")
+    proc = run_submit(env, *args, f"cluster.workdir={workdir}", "launch.dry_run=true")
+    assert proc.returncode == 2
+    assert f"needs its interpreter {workdir}/.venv-vllm/bin/python, which does not exist" in proc.stderr
+    assert f"run `make vllm-venv` in {workdir}, or set rollout.engine_python=" in proc.stderr
+    assert not record.exists() and not (tmp_path / "runs").exists()
+    proc = run_submit(env, *args, "rollout.engine_python=/nonexistent/python")
+    assert proc.returncode == 2 and "fix rollout.engine_python=/nonexistent/python" in proc.stderr
+    venv = workdir / ".venv-vllm" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    proc = run_submit(env, *args, f"cluster.workdir={workdir}")
+    assert proc.returncode == 0, proc.stderr
+    assert "submitted job 4242" in proc.stdout and "warning: model.path=/path/to/" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("cluster", "problem"),
+    [
+        ({"workdir": "/nonexistent/checkout"}, "cluster.workdir=/nonexistent/checkout is not a directory"),
+        (
+            {"python": "/nonexistent/bin/python"},
+            "cluster.python=/nonexistent/bin/python is not an executable",
+        ),
+        ({"python": "no-such-python-here"}, "cluster.python=no-such-python-here is not an executable"),
+        (
+            {"container_image": "/nonexistent/img.sqsh"},
+            "cluster.container_image=/nonexistent/img.sqsh does not exist",
+        ),
+    ],
+)
+def test_what_the_script_needs_is_checked_on_the_login_node(
+    tmp_path: Path, cluster: dict, problem: str
+) -> None:
+    from launch.slurm.preflight import script_problems
+
+    job = prepare(local_slurm_job(tmp_path), cwd=str(tmp_path), python=sys.executable).job
+    assert script_problems(job) == []
+    bad = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, **cluster))
+    assert any(problem in p for p in script_problems(bad)), script_problems(bad)
+
+
+def test_inside_a_container_image_only_the_image_is_checked(tmp_path: Path) -> None:
+    from launch.slurm.preflight import input_warnings, script_problems
+
+    job = prepare(local_slurm_job(tmp_path), cwd=str(tmp_path), python=sys.executable).job
+    image = tmp_path / "img.sqsh"
+    image.write_text("")
+    for ref in (str(image), "nvcr.io#nvidia/pytorch:25.01-py3"):
+        inside = dataclasses.replace(
+            job, cluster=dataclasses.replace(job.cluster, container_image=ref, python="/opt/venv/bin/python")
+        )
+        assert script_problems(inside) == [] and input_warnings(inside) == []
+
+
+def test_a_sweep_keeps_hydras_record_under_the_runs_root(fake_sbatch, tmp_path: Path) -> None:
+    """No `multirun/` in the directory the sweep was started from (issue 28)."""
+    env, record = fake_sbatch
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.submit", "-m", "experiment=math_qwen2_7b", f"run.root={tmp_path}/runs"]
+        + ["algo.max_staleness=0,8"],
+        cwd=cwd,
+        env=dict(env, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(record.read_text().splitlines()) == 2
+    assert list(cwd.iterdir()) == []
+    assert len(list((tmp_path / "runs" / "multirun").glob("*/multirun.yaml"))) == 1

@@ -21,6 +21,8 @@ class FakeServer:
         self.answer_len = answer_len
         self.weight_version = 0
         self.paused = False
+        self.memory_released = False  # release_memory ... resume_memory (colocated schedule)
+        self.memory_calls: list[str] = []
         self.frozen = False  # paused in_place: requests in flight hold still
         self.dead = False
         self.status_on_fail = status_on_fail
@@ -30,6 +32,8 @@ class FakeServer:
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         if self.dead:
             raise ServerCallError(self.name, "/generate", "connection refused", self.status_on_fail)
+        # its weights and KV cache are gone (on a GPU): a request now would be the controller's bug
+        assert not self.memory_released, f"{self.name}: a request while its memory is released"
         self.requests.append(request)
         while self.paused:
             await asyncio.sleep(self.token_s)
@@ -63,6 +67,14 @@ class FakeServer:
     async def resume(self) -> None:
         self.paused = False
         self.frozen = False
+
+    async def release_memory(self) -> None:
+        self.memory_released = True
+        self.memory_calls.append("release")
+
+    async def resume_memory(self) -> None:
+        self.memory_released = False
+        self.memory_calls.append("resume")
 
     async def healthy(self) -> bool:
         return not self.dead

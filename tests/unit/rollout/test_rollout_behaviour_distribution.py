@@ -17,7 +17,7 @@ def test_top_p_below_one_is_refused_naming_the_override():
 def test_sglang_returns_tempered_logprobs_even_when_the_environment_says_otherwise(monkeypatch):
     monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
     for cpu in (True, False):
-        assert sglang_env(cpu, threads=1)["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "false"
+        assert sglang_env("key", cpu, threads=1)["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "false"
 
 
 def test_vllm_returns_processed_logprobs():
