@@ -20,6 +20,7 @@ from areal_jobs.config.job import (
     save_job_config,
     to_job_config,
 )
+from areal_jobs.config.lora import LoraConfig, LoraFinal, LoraShip
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
 from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
 from areal_jobs.config.trainer import (
@@ -44,6 +45,9 @@ __all__ = [
     "DistBackend",
     "JobConfig",
     "LaunchConfig",
+    "LoraConfig",
+    "LoraFinal",
+    "LoraShip",
     "ModelConfig",
     "NetworkIsolation",
     "PauseMode",

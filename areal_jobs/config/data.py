@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from areal_jobs.config.lora import LoraConfig
 
 
 class Dataset(enum.Enum):
@@ -28,6 +30,7 @@ class ModelConfig:
     dtype: DType = DType.float32  # parameter dtype in trainer and rollout servers
     builtin_dir: str = "areal_jobs/data/builtin_model"  # the committed warm start; another dir builds one
     builtin_sft_steps: int = 2000  # phase-1 warm-start steps (a different value needs another builtin_dir)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # model.lora.rank > 0: train adapters only
 
     def __post_init__(self) -> None:
         if self.builtin_sft_steps < 0:

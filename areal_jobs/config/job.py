@@ -15,7 +15,7 @@ from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig
 from areal_jobs.config.data import DataConfig, ModelConfig
 from areal_jobs.config.reward import RewardConfig
 from areal_jobs.config.rollout import RolloutConfig
-from areal_jobs.config.support import check_backend_support
+from areal_jobs.config.support import check_backend_support, check_lora_support
 from areal_jobs.config.trainer import CheckpointConfig, TrainerConfig, WeightSyncConfig
 
 
@@ -81,6 +81,7 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         check_backend_support(self.algo, self.trainer.backend)
+        check_lora_support(self.model.lora, self.trainer.backend)
         if self.algo.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError("algo.overlong_buffer must be < rollout.max_new_tokens")
         c = self.cluster

@@ -32,10 +32,10 @@ def build_backend(cfg: JobConfig) -> TrainBackend:
     if cfg.trainer.backend is TrainerBackend.fsdp:
         from areal_jobs.trainer.fsdp.backend import FSDPBackend
 
-        return FSDPBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
+        return FSDPBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype, cfg.model.lora)
     from areal_jobs.trainer.torch_backend import TorchBackend
 
-    return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype)
+    return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype, cfg.model.lora)
 
 
 def pipeline_stage(cfg: JobConfig, rank: int) -> int:

@@ -28,19 +28,22 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from areal_jobs.api import TensorSpec
-from areal_jobs.config import AlgoConfig, DType, TrainerConfig
+from areal_jobs.config import AlgoConfig, DType, LoraConfig, TrainerConfig
+from areal_jobs.trainer import lora as lora_adapters
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.fsdp import state as fsdp_state
 from areal_jobs.trainer.loss import LossStats, ppo_loss
 from areal_jobs.trainer.process_group import join_default_group
+from areal_jobs.trainer.state_bytes import trainer_state_bytes
 from areal_jobs.trainer.torch_backend import (
     loss_inputs,
     prox_from_gradient_pass,
@@ -73,7 +76,8 @@ def shutdown_distributed() -> None:
 class FSDPBackend:
     """`TrainBackend` on FSDP2. Construct anywhere (no I/O); `setup()` on every rank."""
 
-    def __init__(self, trainer_cfg: TrainerConfig, algo: AlgoConfig, model_path: str, dtype: DType) -> None:
+    def __init__(self, trainer_cfg: TrainerConfig, algo: AlgoConfig, model_path: str, dtype: DType,
+                 lora: LoraConfig | None = None) -> None:  # fmt: skip
         if trainer_cfg.fsdp_mixed_precision and dtype is not DType.float32:
             raise ValueError(
                 "trainer.fsdp_mixed_precision=true keeps float32 parameters and computes in bfloat16: "
@@ -83,6 +87,7 @@ class FSDPBackend:
         self.algo = algo
         self.model_path = model_path
         self.dtype = dtype
+        self.lora = lora or LoraConfig()  # rank > 0: only the adapters train, sharded with their layer
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
 
@@ -98,6 +103,8 @@ class FSDPBackend:
         model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
         )
+        if self.lora.enabled:  # before sharding: the adapters are sharded with their decoder layer
+            lora_adapters.apply_lora(model, self.lora)
         if self.cfg.fsdp_activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.architecture = type(model).__name__  # fully_shard renames the class: export the original
@@ -105,7 +112,7 @@ class FSDPBackend:
         self.model = fsdp_state.shard(model, self.cfg.fsdp_mixed_precision, self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            lora_adapters.trainable_parameters(self.model),
             lr=self.cfg.lr,
             betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
             weight_decay=self.cfg.weight_decay,
@@ -200,6 +207,7 @@ class FSDPBackend:
             "time/prox_logp_s": t_prox - t0,
             "time/train_s": t_end - t0,
             **stats.to_metrics(),
+            **trainer_state_bytes(self.model, self.optimizer),  # this rank's shards
         }
 
     def _reduce(
@@ -231,6 +239,7 @@ class FSDPBackend:
         return [
             TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
             for name, t in self._exported_names()
+            if not lora_adapters.is_adapter_key(name)  # LoRA: merged into their layers' weights
         ]
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -238,6 +247,8 @@ class FSDPBackend:
         others join every all-gather now and get nothing."""
         full = ((name, _full(t)) for name, t in self._exported_names())
         if self.rank == 0:
+            if self.lora.enabled:
+                return iter(lora_adapters.merged_state(dict(full), self.lora.scaling).items())
             return full
         for _ in full:
             pass
@@ -247,17 +258,31 @@ class FSDPBackend:
 
     def save_checkpoint(self, path: str) -> None:
         assert self.model is not None and self.optimizer is not None
-        fsdp_state.save_sharded(self.model, self.optimizer, path)
+        fsdp_state.save_sharded(self.model, self.optimizer, path, adapters_only=self.lora.enabled)
 
     def load_checkpoint(self, path: str) -> None:
         assert self.model is not None and self.optimizer is not None, "call setup() first"
-        fsdp_state.load_sharded(self.model, self.optimizer, path)
+        fsdp_state.load_sharded(self.model, self.optimizer, path, adapters_only=self.lora.enabled)
 
     def save_hf(self, path: str) -> None:
         assert self.model is not None
         tensors = dict(self.iter_weights())
         if self.rank == 0:
             fsdp_state.write_hf(path, tensors, self.model.config, self.architecture, self.model_path)
+        if self.world > 1:
+            dist.barrier()
+
+    def save_adapter(self, path: str) -> None:
+        """LoRA: the adapters alone as a PEFT directory (collective: every rank joins the gathers)."""
+        assert self.model is not None and self.lora.enabled, "save_adapter needs model.lora.rank > 0"
+        adapters = {
+            name: _full(t)
+            for name, t in self.model.state_dict().items()
+            if lora_adapters.is_adapter_key(name)
+        }
+        if self.rank == 0:
+            base = str(Path(self.model_path).resolve())
+            lora_adapters.write_adapter_dir(path, adapters, self.lora, base)
         if self.world > 1:
             dist.barrier()
 
