@@ -37,20 +37,22 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _A, _B = ".lora_A.weight", ".lora_B.weight"
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfig) -> list[str]:
-    """Freeze `model` and attach adapters to its target linear layers; returns their names."""
+def apply_lora(model: nn.Module, cfg: LoraConfig, seed: int = 0) -> list[str]:
+    """Freeze `model` and attach adapters to its target linear layers; returns their names. A is
+    drawn from its own generator (`seed`): every rank and every backend starts from the same A."""
     targets = tuple(cfg.target_modules)
     if "lm_head" in targets:  # tied to the embedding in most small models; engines differ on it
         raise ValueError("model.lora.target_modules: lm_head is not supported (adapt the projections)")
     model.requires_grad_(False)
     wrapped, linear_suffixes = [], set()
+    generator = torch.Generator().manual_seed(seed)
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
         suffix = name.rsplit(".", 1)[-1]
         linear_suffixes.add(suffix)
         if suffix in targets:
-            _attach(module, cfg)
+            _attach(module, cfg, generator)
             wrapped.append(name)
     if not wrapped:
         raise ValueError(
@@ -60,12 +62,15 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> list[str]:
     return wrapped
 
 
-def _attach(layer: nn.Linear, cfg: LoraConfig) -> None:
+def _attach(layer: nn.Linear, cfg: LoraConfig, generator: torch.Generator) -> None:
     kind = {"dtype": layer.weight.dtype, "device": layer.weight.device}
     layer.lora_A = nn.Linear(layer.in_features, cfg.rank, bias=False, **kind)
     layer.lora_B = nn.Linear(cfg.rank, layer.out_features, bias=False, **kind)
-    nn.init.kaiming_uniform_(layer.lora_A.weight, a=math.sqrt(5))
-    nn.init.zeros_(layer.lora_B.weight)
+    with torch.no_grad():  # PEFT's init: A Kaiming-uniform, B zero
+        a = torch.empty(layer.lora_A.weight.shape, dtype=torch.float32)
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+        layer.lora_A.weight.copy_(a)
+        layer.lora_B.weight.zero_()
     layer.lora_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
     layer.lora_scaling = cfg.scaling
     layer.lora_merged = False

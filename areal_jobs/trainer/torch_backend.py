@@ -123,7 +123,7 @@ class TorchBackend:
             self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
         )
         if self.lora.enabled:
-            lora_adapters.apply_lora(self.model, self.lora)
+            lora_adapters.apply_lora(self.model, self.lora, self.cfg.seed)
         self.model.train()
         if self.algo.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(

@@ -104,7 +104,7 @@ class FSDPBackend:
             self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation="sdpa"
         )
         if self.lora.enabled:  # before sharding: the adapters are sharded with their decoder layer
-            lora_adapters.apply_lora(model, self.lora)
+            lora_adapters.apply_lora(model, self.lora, self.cfg.seed)
         if self.cfg.fsdp_activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.architecture = type(model).__name__  # fully_shard renames the class: export the original

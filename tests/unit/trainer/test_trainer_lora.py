@@ -180,3 +180,35 @@ def test_full_fine_tuning_is_unchanged_by_rank_zero(tiny_model_dir):
     metrics = backend.train_step(make_batch())
     assert metrics["memory/trainable_param_bytes"] == metrics["memory/param_bytes"]
     assert np.isfinite(metrics["train/loss"])
+
+
+def test_make_eval_serves_lora_checkpoints_merged(tiny_model_dir, tmp_path):
+    """launch.evaluate's checkpoint argument: a PEFT adapter directory (final_hf=adapter) and a
+    mid-run torch checkpoint of a LoRA run both become plain HF directories with the policy's logits."""
+    from areal_jobs.config import JobConfig, save_job_config
+    from launch.evaluation.checkpoint import resolve_hf_dir
+
+    backend = make_backend(tiny_model_dir)
+    backend.train_step(make_batch())
+    backend.model.eval()
+    with torch.no_grad():
+        expected = backend.model(IDS).logits
+    backend.save_adapter(str(tmp_path / "final_hf"))
+    lora.copy_tokenizer(tiny_model_dir, tmp_path / "final_hf")
+    merged = resolve_hf_dir(str(tmp_path / "final_hf"))
+    assert merged == tmp_path / "final_hf" / "merged" and (merged / "tokenizer.json").exists()
+    with torch.no_grad():
+        assert (load(merged)(IDS).logits - expected).abs().max() < 1e-5
+    assert resolve_hf_dir(str(tmp_path / "final_hf")) == merged  # merged once
+
+    run_dir = tmp_path / "run"
+    cfg = JobConfig()
+    cfg.model.path, cfg.model.lora = str(tiny_model_dir), LORA
+    save_job_config(cfg, run_dir / "config.yaml")
+    backend.save_checkpoint(str(run_dir / "checkpoints" / "step_000001" / "trainer"))
+    hf = resolve_hf_dir(str(run_dir / "checkpoints" / "step_000001"))
+    assert set(load_file(str(hf / "model.safetensors"))) == set(
+        load_file(str(tiny_model_dir / "model.safetensors"))
+    )
+    with torch.no_grad():
+        assert (load(hf)(IDS).logits - expected).abs().max() < 1e-5
