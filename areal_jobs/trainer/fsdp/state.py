@@ -57,7 +57,15 @@ def shard(model: torch.nn.Module, mixed_precision: bool, device: torch.device | 
 
 def _options(adapters_only: bool) -> StateDictOptions:
     """LoRA (model.lora.rank > 0): the frozen base is model.path's; only the adapters are saved."""
-    return StateDictOptions(ignore_frozen_params=adapters_only)
+    return StateDictOptions(ignore_frozen_params=adapters_only, strict=not adapters_only)
+
+
+def _model_state(model: torch.nn.Module, state: dict, adapters_only: bool) -> dict:
+    """ignore_frozen_params still keeps a tied head (its second name): keep trainable tensors only."""
+    if not adapters_only:
+        return state
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in trainable}
 
 
 def save_sharded(
@@ -67,6 +75,7 @@ def save_sharded(
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=_options(adapters_only))
+    model_state = _model_state(model, model_state, adapters_only)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder / "dcp"))
     rng = {"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state()}
     tmp = folder / f"rng-{dist.get_rank()}.pt.tmp"
@@ -82,7 +91,7 @@ def load_sharded(
     folder = Path(path)
     options = _options(adapters_only)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
-    state = {"model": model_state, "optimizer": optim_state}
+    state = {"model": _model_state(model, model_state, adapters_only), "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(folder / "dcp"))
     set_state_dict(
         model,
