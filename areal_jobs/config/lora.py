@@ -69,3 +69,20 @@ class LoraConfig:
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank
+
+    def adapter_params(self, num_layers: int, projections: dict[str, tuple[int, int]]) -> int:
+        """Trainable parameters: rank x (in + out) for every targeted projection of every decoder
+        layer (`projections`: name -> (in, out) of one layer, e.g. from `decoder_projections`).
+        Pure, for the memory model (launch/planning/memory.py `trainable_params`)."""
+        per_layer = sum(i + o for name, (i, o) in projections.items() if name in self.target_modules)
+        return self.rank * per_layer * num_layers if self.enabled else 0
+
+
+def decoder_projections(hidden: int, intermediate: int, num_heads: int, num_kv_heads: int,
+                        head_dim: int) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """(in, out) of the linear layers of a Llama / Qwen2 / Qwen3 / Mistral decoder layer."""
+    q, kv = num_heads * head_dim, num_kv_heads * head_dim
+    return {
+        "q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
+        "gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate), "down_proj": (intermediate, hidden),
+    }  # fmt: skip

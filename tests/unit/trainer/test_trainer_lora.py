@@ -212,3 +212,23 @@ def test_make_eval_serves_lora_checkpoints_merged(tiny_model_dir, tmp_path):
     )
     with torch.no_grad():
         assert (load(hf)(IDS).logits - expected).abs().max() < 1e-5
+
+
+def test_adapter_parameter_count_for_the_memory_model(tiny_model_dir):
+    """LoraConfig.adapter_params (pure: the memory model's trainable parameters) counts exactly
+    what apply_lora attaches, for every target and for a subset."""
+    from transformers import AutoConfig
+
+    from areal_jobs.config.lora import decoder_projections
+
+    hf = AutoConfig.from_pretrained(str(tiny_model_dir))
+    head_dim = hf.hidden_size // hf.num_attention_heads
+    shapes = decoder_projections(
+        hf.hidden_size, hf.intermediate_size, hf.num_attention_heads, hf.num_key_value_heads, head_dim
+    )
+    for cfg in (LoraConfig(rank=8), LoraConfig(rank=3, target_modules=["q_proj", "v_proj"])):
+        model = load(tiny_model_dir)
+        lora.apply_lora(model, cfg)
+        attached = sum(p.numel() for p in lora.trainable_parameters(model))
+        assert cfg.adapter_params(hf.num_hidden_layers, shapes) == attached
+    assert LoraConfig().adapter_params(2, shapes) == 0
