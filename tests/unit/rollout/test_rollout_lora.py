@@ -4,6 +4,7 @@ CPU refusal for SGLang, and which adapter (and version) a client's requests name
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -115,3 +116,45 @@ def test_requests_name_the_current_adapter_and_report_its_version(engine):
         (load, {"lora_name": "areal-v8-2", "lora_path": "/run/weights/lora/v8"}),
         (unload, {"lora_name": "areal-v7-1"}),  # idle once the next one is loaded
     ]
+
+
+class _AdapterServer:
+    """Records the update calls a server gets; loads adapters."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    async def pause(self, mode):
+        self.calls.append(("pause", mode))
+
+    async def resume(self):
+        self.calls.append(("resume",))
+
+    async def load_lora_adapter(self, path, version):
+        self.calls.append(("load", path, version))
+
+
+def test_the_controller_loads_the_adapter_on_every_server_without_a_broadcast():
+    """PauseRequest(adapter_path=...): pause, every server loads it, resume, VersionPublished;
+    no group is formed and no bucket asked for (ControllerService with scripted servers)."""
+    from areal_jobs.config import PauseMode
+    from areal_jobs.rollout.server_pool import ServerPool
+    from areal_jobs.rollout.service import ControllerService
+    from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
+    from areal_jobs.transport import messages as m
+
+    from .test_rollout_update_retry import REQUEST, Channel, Controller
+
+    servers = [_AdapterServer(), _AdapterServer()]
+    pool = ServerPool()
+    for i, s in enumerate(servers):
+        pool.add(i, s)
+    ctl, channel = Controller(), Channel()
+    orch = WeightUpdateOrchestrator(pool, PauseMode.in_place, step_timeout_s=5.0)
+    svc = ControllerService(ctl, pool, orch, channel, [], eval_every_steps=0, step_timeout_s=5.0)
+    asyncio.run(svc._update_weights(dataclasses.replace(REQUEST, adapter_path="/run/weights/lora/v5")))
+    paused, published = channel.sent
+    assert paused == m.Paused(version=5, world_size=3, init_group=False, group_generation=0)
+    assert isinstance(published, m.VersionPublished) and published.version == 5 and ctl.version == 5
+    for server in servers:
+        assert server.calls == [("pause", "in_place"), ("load", "/run/weights/lora/v5", 5), ("resume",)]
