@@ -173,6 +173,11 @@ class WeightReceiver(Protocol):
         """The policy version the server generates with now."""
         ...
 
+    async def load_lora_adapter(self, path: str, version: int) -> None:
+        """model.lora.ship=adapter: load the PEFT directory `path` as `version`'s adapter; every
+        request sent from now on generates with it and reports `version` for all its tokens."""
+        ...
+
 
 @runtime_checkable
 class RolloutEngineClient(GenerationClient, PauseControl, WeightReceiver, Protocol):

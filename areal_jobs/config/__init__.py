@@ -23,6 +23,7 @@ from areal_jobs.config.job import (
     to_job_config,
 )
 from areal_jobs.config.keys import check_override_keys, closest_key, schema_keys, unknown_keys
+from areal_jobs.config.lora import LoraConfig, LoraFinal, LoraShip
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
 from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
 from areal_jobs.config.trainer import (
@@ -50,6 +51,9 @@ __all__ = [
     "DistBackend",
     "JobConfig",
     "LaunchConfig",
+    "LoraConfig",
+    "LoraFinal",
+    "LoraShip",
     "ModelConfig",
     "NetworkIsolation",
     "PauseMode",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from areal_jobs.config.lora import LoraConfig
 
 
 class Dataset(enum.Enum):
@@ -31,6 +33,7 @@ class ModelConfig:
     # the planner's memory check reads model.path's config.json; where that directory is not on the
     # submitting machine, a named shape stands in (launch/planning/model_shape.py), e.g. qwen2_1p5b
     shape: str = ""
+    lora: LoraConfig = field(default_factory=LoraConfig)  # model.lora.rank > 0: train adapters only
 
     def __post_init__(self) -> None:
         if self.builtin_sft_steps < 0:

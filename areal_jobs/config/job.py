@@ -17,7 +17,7 @@ from areal_jobs.config.data import DataConfig, ModelConfig
 from areal_jobs.config.keys import unknown_key_message, unknown_keys
 from areal_jobs.config.reward import RewardConfig
 from areal_jobs.config.rollout import RolloutConfig
-from areal_jobs.config.support import check_backend_support
+from areal_jobs.config.support import check_backend_support, check_lora_support
 from areal_jobs.config.trainer import CheckpointConfig, TrainerConfig, WeightSyncConfig
 
 
@@ -116,6 +116,7 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         check_backend_support(self.algo, self.trainer.backend)
+        check_lora_support(self.model.lora, self.trainer.backend)
         if self.algo.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError("algo.overlong_buffer must be < rollout.max_new_tokens")
         c = self.cluster

@@ -13,6 +13,7 @@ from dataclasses import fields
 from enum import Enum
 
 from areal_jobs.config.algo import AlgoConfig
+from areal_jobs.config.lora import LoraConfig
 from areal_jobs.config.trainer import TrainerBackend
 
 # field -> backends that implement values other than the default. Empty since issue 26: every
@@ -25,6 +26,20 @@ LIMITED_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
     # only the torch backend carries them there (current and recompute: every backend)
     ("prox_logp", "loglinear"): ("torch",),
 }
+
+
+# model.lora.rank > 0 (LoRA): the backends that train adapters. Megatron-Core has no LoRA of its
+# own; its PEFT lives in Megatron-Bridge, which needs Transformer Engine (not on CPU:
+# shared/reference/megatron-cpu.md), and our conversion maps full weights only.
+LORA_BACKENDS: tuple[str, ...] = ("torch", "fsdp")
+
+
+def check_lora_support(lora: LoraConfig, backend: TrainerBackend) -> None:
+    if lora.enabled and backend.value not in LORA_BACKENDS:
+        raise ValueError(
+            f"model.lora.rank={lora.rank} is not implemented by trainer={backend.value}; "
+            f"trainer={'/'.join(LORA_BACKENDS)} implements it (or leave model.lora.rank=0)"
+        )
 
 
 def check_backend_support(algo: AlgoConfig, backend: TrainerBackend) -> None:

@@ -28,6 +28,7 @@ import requests
 
 from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config
 from areal_jobs.logs import setup_logging
+from areal_jobs.rollout.lora_adapters import lora_server_args, lora_server_env
 from areal_jobs.rollout.sglang_launch import KEY_ENV as SGLANG_KEY_ENV
 from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
 from areal_jobs.transport import discovery
@@ -185,6 +186,8 @@ def start_server(
     else:
         cmd = sglang_command(model_path, host, port, rollout, model.dtype, cpu, seed)
         env = sglang_env(api_key, cpu, rollout.server_threads)
+    cmd += lora_server_args(rollout.engine, model.lora, cpu)  # model.lora.ship=adapter only
+    env.update(lora_server_env(rollout.engine, model.lora))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -164,7 +164,8 @@ class ControllerService:
                 logger.info("servers %s rejoin at version %d", joined, req.version)
                 self.orch.forget_groups()
             members = [s.index for s in pool.up_slots]
-            init = bool(pool.up_slots) and not req.disk_path and self.orch.needs_group_init(req.senders)
+            broadcast = not (req.disk_path or req.adapter_path)
+            init = bool(pool.up_slots) and broadcast and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
             world = pool.group_world_size()
             await self._send(
@@ -176,6 +177,8 @@ class ControllerService:
                 )
             elif req.disk_path:
                 await self.orch.load_from_disk(req.version, req.disk_path)
+            elif req.adapter_path:
+                await self.orch.load_adapter(req.version, req.adapter_path)
             else:
                 if init:
                     await self.orch.init_groups(req.senders, req.backend)

@@ -6,6 +6,7 @@ server and endpoint) is engine_http.EngineHTTP, shared with the vLLM client.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -16,6 +17,7 @@ from areal_jobs.rollout.engine_http import (
     parse_weight_version,
     require_success,
 )
+from areal_jobs.rollout.lora_adapters import AdapterSet
 
 __all__ = ["SGLangClient", "ServerCallError", "parse_generate", "parse_weight_version"]
 
@@ -53,6 +55,7 @@ class SGLangClient:
         self._http = EngineHTTP(
             name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s
         )
+        self.adapters = AdapterSet()  # model.lora.ship=adapter: lora_adapters.py
 
     async def _post(self, endpoint: str, body: dict[str, Any], timeout=None) -> Any:
         return await self._http.post(endpoint, body, timeout)
@@ -80,11 +83,20 @@ class SGLangClient:
         }
         if request.cache_salt:
             body["cache_salt"] = request.cache_salt
-        payload = await self._http.generate("/generate", body)
+        adapter = self.adapters.acquire()
         try:
-            return parse_generate(payload)
+            if adapter is not None:
+                body["lora_path"] = adapter[0]  # a loaded adapter's name
+            payload = await self._http.generate("/generate", body)
+        finally:
+            self.adapters.release(adapter)
+        try:
+            response = parse_generate(payload)
         except ValueError as exc:
             raise ServerCallError(self.name, "/generate", str(exc)) from None
+        if adapter is not None:  # every token came from this adapter: its version, exactly
+            response = dataclasses.replace(response, weight_version=adapter[1])
+        return response
 
     async def pause(self, mode: str) -> None:
         await self._post("/pause_generation", {"mode": mode})
@@ -161,7 +173,23 @@ class SGLangClient:
         )
         require_success(self.name, "/update_weights_from_disk", result)
 
+    async def load_lora_adapter(self, path: str, version: int) -> None:
+        name = self.adapters.new_name(version)
+        result = await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        require_success(self.name, "/load_lora_adapter", result)
+        self.adapters.loaded_as(name, version)
+        for old in self.adapters.idle():  # no request of ours uses it: SGLang unloads at once
+            try:
+                result = await self._post("/unload_lora_adapter", {"lora_name": old})
+                require_success(self.name, "/unload_lora_adapter", result)
+            except ServerCallError as exc:  # tidying only: tried again at the next update
+                logger.warning("%s", exc)
+                continue
+            self.adapters.unloaded(old)
+
     async def weight_version(self) -> int:
+        if self.adapters.current is not None:
+            return self.adapters.current[1]
         info = await self._http.request("GET", "/model_info")
         return parse_weight_version((info or {}).get("weight_version"))
 

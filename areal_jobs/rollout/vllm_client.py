@@ -25,6 +25,7 @@ from typing import Any
 
 from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, TensorSpec
 from areal_jobs.rollout.engine_http import EngineHTTP, ServerCallError, parse_weight_version
+from areal_jobs.rollout.lora_adapters import AdapterSet
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class VLLMClient:
         self._call_timeout_s = call_timeout_s
         self._version = 0  # what the server was last told; reported for segments with no tokens
         self._pending_version: int | None = None  # set by the buckets of an open update
+        self.adapters = AdapterSet()  # model.lora.ship=adapter: lora_adapters.py
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         sampling: dict[str, Any] = {
@@ -97,12 +99,22 @@ class VLLMClient:
             "sampling_params": sampling,
             "output_mode": "tokens",
         }
-        payload = await self._http.generate("/inference/v1/generate", body)
+        adapter = self.adapters.acquire()
+        try:
+            if adapter is not None:
+                body["model"] = adapter[0]  # a loaded adapter's name
+            payload = await self._http.generate("/inference/v1/generate", body)
+        finally:
+            self.adapters.release(adapter)
         try:
             response = parse_generate(payload)
         except (ValueError, KeyError, TypeError) as exc:
             raise ServerCallError(self.name, "/inference/v1/generate", str(exc)) from None
-        if response.weight_version < 0:
+        if adapter is not None:  # every token came from this adapter: its version, exactly
+            response = GenerateResponse(
+                response.output_ids, response.logprobs, response.finish_reason, adapter[1]
+            )
+        elif response.weight_version < 0:
             response = GenerateResponse(
                 response.output_ids, response.logprobs, response.finish_reason, self._version
             )
@@ -197,11 +209,26 @@ class VLLMClient:
         await self._rpc("areal_end_update", version=str(version))
         await self._set_version(version)
 
+    async def load_lora_adapter(self, path: str, version: int) -> None:
+        name = self.adapters.new_name(version)
+        await self._http.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        self.adapters.loaded_as(name, version)
+        self._version = version
+        for old in self.adapters.idle():  # requests keep their own LoRARequest: unload is at once
+            try:
+                await self._http.post("/v1/unload_lora_adapter", {"lora_name": old})
+            except ServerCallError as exc:  # tidying only: tried again at the next update
+                logger.warning("%s", exc)
+                continue
+            self.adapters.unloaded(old)
+
     async def _set_version(self, version: int) -> None:
         await self._http.post("/update_weight_version", {"new_version": str(version)})
         self._version = version
 
     async def weight_version(self) -> int:
+        if self.adapters.current is not None:
+            return self.adapters.current[1]
         info = await self._http.request("GET", "/weight_info")
         return parse_weight_version((info or {}).get("weight_version"))
 

@@ -194,6 +194,13 @@ class WeightUpdateOrchestrator:
             f"loading weights from {path}", lambda s: s.client.update_weights_from_disk(path, version)
         )
 
+    async def load_adapter(self, version: int, path: str) -> None:
+        """model.lora.ship=adapter: every server loads the trainer's PEFT directory as `version`'s
+        adapter (both engines key their prefix caches by adapter: nothing to flush)."""
+        await self._each_server(
+            f"loading adapter {path}", lambda s: s.client.load_lora_adapter(path, version)
+        )
+
     async def resume(self) -> None:
         if self.pause_mode is PauseMode.drain:
             return

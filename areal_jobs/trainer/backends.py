@@ -34,10 +34,14 @@ def build_backend(cfg: JobConfig) -> TrainBackend:
     if cfg.trainer.backend is TrainerBackend.fsdp:
         from areal_jobs.trainer.fsdp.backend import FSDPBackend
 
-        return FSDPBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype, temperature=temperature)
+        return FSDPBackend(
+            cfg.trainer, cfg.algo, model_path, cfg.model.dtype, cfg.model.lora, temperature=temperature
+        )
     from areal_jobs.trainer.torch_backend import TorchBackend
 
-    return TorchBackend(cfg.trainer, cfg.algo, model_path, cfg.model.dtype, temperature=temperature)
+    return TorchBackend(
+        cfg.trainer, cfg.algo, model_path, cfg.model.dtype, cfg.model.lora, temperature=temperature
+    )
 
 
 def pipeline_stage(cfg: JobConfig, rank: int) -> int:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from areal_jobs.api import WeightSender
-from areal_jobs.config import JobConfig, load_job_config
+from areal_jobs.config import JobConfig, LoraShip, load_job_config
 from areal_jobs.logs import setup_logging
 from areal_jobs.trainer import backends, gpu_memory, ranks, session
 from areal_jobs.trainer.loop import Preempted
@@ -65,7 +65,10 @@ def lead(cfg: JobConfig, run_dir: Path, token: str, backend: ranks.LeaderBackend
 
     t_start = float(os.environ.get("AREAL_JOB_START_TIME", time.time()))
     inbox = session.connect(cfg, run_dir, token)
-    publisher = WeightPublisher(cfg.weight_sync, inbox, backend.channel, stage, senders, run_dir / "weights")
+    adapters = run_dir / "weights" / "lora" if cfg.model.lora.ship is LoraShip.adapter else None
+    publisher = WeightPublisher(
+        cfg.weight_sync, inbox, backend.channel, stage, senders, run_dir / "weights", adapters
+    )
     loop, resumed = session.open_loop(cfg, run_dir, backend, inbox, publisher, preempt)
     saved_step = loop.step if resumed else -1
     try:

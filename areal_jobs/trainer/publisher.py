@@ -26,6 +26,16 @@ from areal_jobs.weights.broadcast import BroadcastTimeout, resolve_backend
 from areal_jobs.weights.buckets import bucket_bytes
 from areal_jobs.weights.sender import StageSender
 
+# model.lora.ship=adapter: versions whose PEFT directory stays on disk. A vLLM server re-reads an
+# adapter its LRU cache evicted while a request still uses it (pause_mode=in_place)
+ADAPTER_DIRS_KEPT = 16
+
+
+def adapter_bytes(path: str) -> int:
+    """What one adapter update carries to each server: the PEFT weights file."""
+    return (Path(path) / "adapter_model.safetensors").stat().st_size
+
+
 logger = logging.getLogger(__name__)
 
 # more UpdateRetry for one version than the protocol allows is an error, not a fault to ride out
@@ -52,6 +62,7 @@ class WeightPublisher:
         local: StageSender,
         senders: tuple[WeightSender, ...],
         disk_dir: Path,
+        adapter_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.inbox = inbox
@@ -60,25 +71,38 @@ class WeightPublisher:
         self.senders = senders
         self.backend_name = resolve_backend(cfg.backend.value)
         self.disk_dir = disk_dir
+        self.adapter_dir = adapter_dir  # model.lora.ship=adapter: each version's PEFT directory
 
     def publish(self, version: int, backend: TrainBackend, trained: tuple[str, ...]) -> dict[str, float]:
         """`backend` only writes the disk fallback (rank 0's LeaderBackend: collective)."""
         t0 = time.monotonic()
-        disk_path = ""
-        if self.cfg.method is WeightSync.disk:
+        disk_path = adapter_path = ""
+        if self.adapter_dir is not None:  # the adapters alone, written once, loaded by every server
+            adapter_path = str(self.adapter_dir / f"v{version}")
+            backend.save_adapter(adapter_path)
+        elif self.cfg.method is WeightSync.disk:
             disk_path = str(self.disk_dir / f"v{version}")
             backend.save_hf(disk_path)
         retries = 0
         while True:
             self.inbox.send(
-                m.PauseRequest(version, self.senders, self.backend_name, trained, disk_path=disk_path)
+                m.PauseRequest(
+                    version,
+                    self.senders,
+                    self.backend_name,
+                    trained,
+                    disk_path=disk_path,
+                    adapter_path=adapter_path,
+                )  # fmt: skip
             )
             paused = self.inbox.wait_for(
                 m.Paused, self.cfg.step_timeout_s, f"pausing generation for version {version}"
             )
             t_paused = time.monotonic()
             sent_bytes = 0.0
-            if not disk_path and paused.world_size > 1:  # world 1: no server is up to receive anything
+            if adapter_path:
+                sent_bytes = float(adapter_bytes(adapter_path))
+            elif not disk_path and paused.world_size > 1:  # world 1: no server is up to receive anything
                 self.channel.send(Publish(paused))
                 try:
                     self.local.send(paused)
@@ -106,7 +130,9 @@ class WeightPublisher:
                 list(reply.lost_servers), version, reply.stage,
             )  # fmt: skip
         if disk_path:
-            self._prune_disk(keep=version)
+            self._prune_disk(self.disk_dir, keep=version)
+        if adapter_path:  # the servers hold it now (a vLLM server may re-read an evicted one)
+            self._prune_disk(self.adapter_dir, keep=version, keep_last=ADAPTER_DIRS_KEPT)
         t_end = time.monotonic()
         return {
             "weight_sync/total_s": t_end - t0,
@@ -119,9 +145,10 @@ class WeightPublisher:
             "weight_sync/retries": float(retries),  # servers lost inside this update
         }
 
-    def _prune_disk(self, keep: int) -> None:
-        for old in self.disk_dir.glob("v*"):
-            if old.name != f"v{keep}":
+    @staticmethod
+    def _prune_disk(folder: Path, keep: int, keep_last: int = 1) -> None:
+        for old in folder.glob("v*"):
+            if not (old.name[1:].isdigit() and keep - keep_last < int(old.name[1:]) <= keep):
                 shutil.rmtree(old, ignore_errors=True)
 
     def close(self) -> None:

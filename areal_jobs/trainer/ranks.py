@@ -75,6 +75,13 @@ class SaveHF:
 
 
 @dataclass(frozen=True, slots=True)
+class SaveAdapter:
+    """LoRA: the adapters alone as a PEFT directory (model.lora.ship=adapter, final_hf=adapter)."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """The run is over (finished or preempted and checkpointed): exit 0."""
 
@@ -86,9 +93,10 @@ class Abort:
     reason: str
 
 
-Command = Train | Publish | SaveCheckpoint | LoadCheckpoint | SaveHF | Stop | Abort
+Command = Train | Publish | SaveCheckpoint | LoadCheckpoint | SaveHF | SaveAdapter | Stop | Abort
 _KINDS: dict[str, type] = {
-    cls.__name__: cls for cls in (Train, Publish, SaveCheckpoint, LoadCheckpoint, SaveHF, Stop, Abort)
+    cls.__name__: cls
+    for cls in (Train, Publish, SaveCheckpoint, LoadCheckpoint, SaveHF, SaveAdapter, Stop, Abort)
 }
 
 
@@ -249,6 +257,10 @@ class LeaderBackend:
         self.channel.send(SaveHF(path))
         self.backend.save_hf(path)
 
+    def save_adapter(self, path: str) -> None:
+        self.channel.send(SaveAdapter(path))
+        self.backend.save_adapter(path)
+
 
 def follow(
     channel: RankChannel, backend: TrainBackend, stage: StageSender, signalled: threading.Event
@@ -278,6 +290,8 @@ def follow(
                 backend.load_checkpoint(path)
             case SaveHF(path):
                 backend.save_hf(path)
+            case SaveAdapter(path):
+                backend.save_adapter(path)
             case Stop():
                 stage.close()
                 return

@@ -17,13 +17,14 @@ from omegaconf import OmegaConf
 
 from areal_jobs import checkpoint as ckpt
 from areal_jobs.api import TrainBackend
-from areal_jobs.config import JobConfig
+from areal_jobs.config import JobConfig, LoraFinal
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.metrics import build_sink, read_jsonl
 from areal_jobs.report import final_line, length_table, plot_run, write_summary
 from areal_jobs.samples import SampleDump, train_records
 from areal_jobs.trainer.inbox import Inbox
 from areal_jobs.trainer.loop import TrainLoop
+from areal_jobs.trainer.lora import copy_tokenizer
 from areal_jobs.trainer.publisher import WeightPublisher
 from areal_jobs.transport import discovery
 from areal_jobs.transport import messages as m
@@ -149,7 +150,7 @@ def finish(cfg: JobConfig, run_dir: Path, loop: TrainLoop, resumed: bool, t_star
     inbox.channel.send(m.Stop(reason="trainer.total_steps reached"))
     stopped = inbox.wait_for(m.Stopped, cfg.rollout.request_timeout_s + 600, "the final evaluation")
     loop.log_evals()
-    loop.backend.save_hf(str(run_dir / "final_hf"))
+    save_final(cfg, loop.backend, run_dir / "final_hf")
     loop.sink.close()
     loop.publisher.close()
     inbox.channel.close()
@@ -160,6 +161,16 @@ def finish(cfg: JobConfig, run_dir: Path, loop: TrainLoop, resumed: bool, t_star
     if result["by_length"]:
         logger.info("held-out accuracy by chain length:\n%s", length_table(result["by_length"]))
     return result
+
+
+def save_final(cfg: JobConfig, backend: TrainBackend, folder: Path) -> None:
+    """final_hf/: a plain HF model, or (model.lora.final_hf=adapter) a PEFT adapter directory
+    naming the base model, with its tokenizer."""
+    if cfg.model.lora.final_hf is LoraFinal.adapter:
+        backend.save_adapter(str(folder))
+        copy_tokenizer(Path(cfg.model.path or cfg.model.builtin_dir), folder)
+    else:
+        backend.save_hf(str(folder))
 
 
 def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stopped: m.Stopped,

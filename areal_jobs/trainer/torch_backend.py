@@ -31,13 +31,15 @@ import torch
 import torch.nn.functional as F
 
 from areal_jobs.api import TensorSpec
-from areal_jobs.config import AlgoConfig, DType, Recompute, TrainerConfig
+from areal_jobs.config import AlgoConfig, DType, LoraConfig, Recompute, TrainerConfig
 from areal_jobs.config.algo import ProxLogp
 from areal_jobs.data.packing import balanced_microbatches, pack
+from areal_jobs.trainer import lora as lora_adapters
 from areal_jobs.trainer.attention import hf_attn_implementation, packed_forward_kwargs
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.logprobs import head_logprobs
 from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, token_weights
+from areal_jobs.trainer.state_bytes import trainer_state_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +218,7 @@ class TorchBackend:
         algo: AlgoConfig,
         model_path: str,
         dtype: DType,
+        lora: LoraConfig | None = None,
         *,
         temperature: float = 1.0,
     ) -> None:
@@ -224,6 +227,7 @@ class TorchBackend:
         self.model_path = model_path
         self.dtype = dtype
         self.temperature = temperature  # rollout.temperature: the policy that sampled the batch
+        self.lora = lora or LoraConfig()  # rank > 0: only the adapters train (trainer/lora.py)
         self.model: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None  # frozen initial weights, for algo.kl_coef > 0
         self.optimizer: torch.optim.Optimizer | None = None
@@ -236,6 +240,8 @@ class TorchBackend:
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation=attention
         )
+        if self.lora.enabled:
+            lora_adapters.apply_lora(self.model, self.lora, self.cfg.seed)
         if self.cfg.recompute is Recompute.full:
             enable_layer_recompute(self.model)
         self.model.train()
@@ -245,7 +251,7 @@ class TorchBackend:
             ).eval()
             self.reference.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            lora_adapters.trainable_parameters(self.model),
             lr=self.cfg.lr,
             betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
             weight_decay=self.cfg.weight_decay,
@@ -344,6 +350,7 @@ class TorchBackend:
             "time/prox_logp_s": t_prox - t0,
             "time/train_s": t_end - t0,
             **stats.to_metrics(),
+            **trainer_state_bytes(self.model, self.optimizer),
         }
 
     # ------------------------------------------------------------------ weights
@@ -351,6 +358,8 @@ class TorchBackend:
     def _export_state(self) -> dict[str, torch.Tensor]:
         assert self.model is not None, "call setup() first"
         state = self.model.state_dict()
+        if self.lora.enabled:  # base + B·A·scale under the HF names (ship=merged, the disk fallback)
+            state = lora_adapters.merged_state(state, self.lora.scaling)
         if getattr(self.model.config, "tie_word_embeddings", False):
             # an HF checkpoint of a tied model stores only the embedding
             state.pop("lm_head.weight", None)
@@ -371,8 +380,10 @@ class TorchBackend:
         assert self.model is not None and self.optimizer is not None
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
+        model_state = self.model.state_dict()
         state = {
-            "model": self.model.state_dict(),
+            # LoRA: the adapters only (the frozen base is model.path's)
+            "model": lora_adapters.adapter_state(model_state) if self.lora.enabled else model_state,
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(),
@@ -384,16 +395,30 @@ class TorchBackend:
     def load_checkpoint(self, path: str) -> None:
         assert self.model is not None and self.optimizer is not None, "call setup() first"
         state = torch.load(Path(path) / "trainer.pt", weights_only=False)
-        self.model.load_state_dict(state["model"])
+        loaded = self.model.load_state_dict(state["model"], strict=not self.lora.enabled)
+        missing = [k for k in loaded.missing_keys if lora_adapters.is_adapter_key(k)]
+        if loaded.unexpected_keys or missing:
+            raise ValueError(
+                f"{path}: the checkpoint's adapters do not match model.lora (missing {missing[:3]}, "
+                f"unexpected {loaded.unexpected_keys[:3]}): resume with the run's own model.lora"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
 
     def save_hf(self, path: str) -> None:
+        """A plain HF model (LoRA: the adapters merged in)."""
         assert self.model is not None
         folder = Path(path)
-        self.model.save_pretrained(str(folder), safe_serialization=True)
+        state = self._export_state() if self.lora.enabled else None
+        self.model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
         for name in _TOKENIZER_FILES:
             src = Path(self.model_path) / name
             if src.exists():
                 shutil.copy(src, folder / name)
+
+    def save_adapter(self, path: str) -> None:
+        """LoRA: the adapters alone, as a PEFT directory naming model.path as its base."""
+        assert self.model is not None and self.lora.enabled, "save_adapter needs model.lora.rank > 0"
+        adapters = lora_adapters.adapter_state(self.model.state_dict())
+        lora_adapters.write_adapter_dir(path, adapters, self.lora, str(Path(self.model_path).resolve()))

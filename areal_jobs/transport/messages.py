@@ -101,6 +101,7 @@ class PauseRequest:
     backend: str  # "gloo" | "nccl"
     trained_group_ids: tuple[str, ...] = ()  # the step's batch; the controller's ledger
     disk_path: str = ""  # weight_sync.method=disk: load this HF directory instead of broadcasting
+    adapter_path: str = ""  # model.lora.ship=adapter: load this PEFT directory (nothing broadcast)
 
 
 @dataclass(frozen=True, slots=True)

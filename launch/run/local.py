@@ -132,6 +132,17 @@ def print_first_prompt(cfg: JobConfig) -> None:
     print(describe_first_prompt(prompts), flush=True)
 
 
+def check_lora_serving(cfg: JobConfig) -> None:
+    """model.lora.ship=adapter where this machine's engine cannot load adapters: before any process starts."""
+    from areal_jobs.rollout.lora_adapters import check_adapter_shipping
+    from areal_jobs.rollout.server import cuda_available
+
+    try:
+        check_adapter_shipping(cfg.rollout.engine, cfg.model.lora, cpu=not cuda_available())
+    except ValueError as exc:
+        raise SystemExit(f"invalid configuration: {exc}") from None
+
+
 def start_role(name: str, module: str, config: Path, env: dict[str, str], log: Path, *extra: str) -> Role:
     with log.open("ab") as f:
         proc = subprocess.Popen(
@@ -209,6 +220,7 @@ def launch(cfg: JobConfig) -> int:
     if prepare_run_dir(run_dir, cfg.checkpoint.resume):
         logger.info("resuming %s from its last checkpoint", run_dir)
     check_local_memory(cfg)
+    check_lora_serving(cfg)
     run_dir.chmod(cfg.run.dir_mode)  # a directory an older version left 0755
     print_first_prompt(cfg)
     if cuda_available():  # every server and trainer rank 0 share GPU 0 here: divide its memory

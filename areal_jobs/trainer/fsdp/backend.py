@@ -32,6 +32,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,7 +40,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from areal_jobs.api import TensorSpec
-from areal_jobs.config import AlgoConfig, DType, Recompute, TrainerConfig
+from areal_jobs.config import AlgoConfig, DType, LoraConfig, Recompute, TrainerConfig
+from areal_jobs.trainer import lora as lora_adapters
 from areal_jobs.trainer.attention import hf_attn_implementation
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
@@ -47,6 +49,7 @@ from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.fsdp import state as fsdp_state
 from areal_jobs.trainer.loss import LossStats, ppo_loss
 from areal_jobs.trainer.process_group import join_default_group
+from areal_jobs.trainer.state_bytes import trainer_state_bytes
 from areal_jobs.trainer.torch_backend import (
     enable_layer_recompute,
     loss_inputs,
@@ -87,6 +90,7 @@ class FSDPBackend:
         algo: AlgoConfig,
         model_path: str,
         dtype: DType,
+        lora: LoraConfig | None = None,
         *,
         temperature: float = 1.0,
     ) -> None:
@@ -100,6 +104,7 @@ class FSDPBackend:
         self.model_path = model_path
         self.dtype = dtype
         self.temperature = temperature  # rollout.temperature: the policy that sampled the batch
+        self.lora = lora or LoraConfig()  # rank > 0: only the adapters train, sharded with their layer
         self.model: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None  # frozen initial weights, for algo.kl_coef > 0
         self.optimizer: torch.optim.Optimizer | None = None
@@ -118,6 +123,8 @@ class FSDPBackend:
             dtype=getattr(torch, self.dtype.value),
             attn_implementation=hf_attn_implementation(self.cfg.attention),
         )
+        if self.lora.enabled:  # before sharding: the adapters are sharded with their decoder layer
+            lora_adapters.apply_lora(model, self.lora, self.cfg.seed)
         if self.cfg.recompute is Recompute.full:  # before fully_shard: per decoder layer
             enable_layer_recompute(model)
         self.architecture = type(model).__name__  # fully_shard renames the class: export the original
@@ -132,7 +139,7 @@ class FSDPBackend:
             ).requires_grad_(False)
             self.reference = fsdp_state.shard(reference, self.cfg.fsdp_mixed_precision, self.device).eval()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            lora_adapters.trainable_parameters(self.model),
             lr=self.cfg.lr,
             betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
             weight_decay=self.cfg.weight_decay,
@@ -247,6 +254,7 @@ class FSDPBackend:
             "time/prox_logp_s": t_prox - t0,
             "time/train_s": t_end - t0,
             **stats.to_metrics(),
+            **trainer_state_bytes(self.model, self.optimizer),  # this rank's shards
         }
 
     def _reduce(
@@ -278,6 +286,7 @@ class FSDPBackend:
         return [
             TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
             for name, t in self._exported_names()
+            if not lora_adapters.is_adapter_key(name)  # LoRA: merged into their layers' weights
         ]
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -285,6 +294,8 @@ class FSDPBackend:
         others join every all-gather now and get nothing."""
         full = ((name, _full(t)) for name, t in self._exported_names())
         if self.rank == 0:
+            if self.lora.enabled:
+                return iter(lora_adapters.merged_state(dict(full), self.lora.scaling).items())
             return full
         for _ in full:
             pass
@@ -294,17 +305,31 @@ class FSDPBackend:
 
     def save_checkpoint(self, path: str) -> None:
         assert self.model is not None and self.optimizer is not None
-        fsdp_state.save_sharded(self.model, self.optimizer, path)
+        fsdp_state.save_sharded(self.model, self.optimizer, path, adapters_only=self.lora.enabled)
 
     def load_checkpoint(self, path: str) -> None:
         assert self.model is not None and self.optimizer is not None, "call setup() first"
-        fsdp_state.load_sharded(self.model, self.optimizer, path)
+        fsdp_state.load_sharded(self.model, self.optimizer, path, adapters_only=self.lora.enabled)
 
     def save_hf(self, path: str) -> None:
         assert self.model is not None
         tensors = dict(self.iter_weights())
         if self.rank == 0:
             fsdp_state.write_hf(path, tensors, self.model.config, self.architecture, self.model_path)
+        if self.world > 1:
+            dist.barrier()
+
+    def save_adapter(self, path: str) -> None:
+        """LoRA: the adapters alone as a PEFT directory (collective: every rank joins the gathers)."""
+        assert self.model is not None and self.lora.enabled, "save_adapter needs model.lora.rank > 0"
+        adapters = {
+            name: _full(t)
+            for name, t in self.model.state_dict().items()
+            if lora_adapters.is_adapter_key(name)
+        }
+        if self.rank == 0:
+            base = str(Path(self.model_path).resolve())
+            lora_adapters.write_adapter_dir(path, adapters, self.lora, base)
         if self.world > 1:
             dist.barrier()
 

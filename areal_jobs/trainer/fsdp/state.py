@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -55,11 +55,27 @@ def shard(model: torch.nn.Module, mixed_precision: bool, device: torch.device | 
     return model
 
 
-def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+def _options(adapters_only: bool) -> StateDictOptions:
+    """LoRA (model.lora.rank > 0): the frozen base is model.path's; only the adapters are saved."""
+    return StateDictOptions(ignore_frozen_params=adapters_only, strict=not adapters_only)
+
+
+def _model_state(model: torch.nn.Module, state: dict, adapters_only: bool) -> dict:
+    """ignore_frozen_params still keeps a tied head (its second name): keep trainable tensors only."""
+    if not adapters_only:
+        return state
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in trainable}
+
+
+def save_sharded(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, adapters_only: bool = False
+) -> None:
     """Collective: every rank writes its shards of model + optimizer, and its RNG state."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(adapters_only))
+    model_state = _model_state(model, model_state, adapters_only)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder / "dcp"))
     rng = {"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state()}
     tmp = folder / f"rng-{dist.get_rank()}.pt.tmp"
@@ -68,13 +84,22 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
     dist.barrier()  # the step folder is committed only once every rank has written
 
 
-def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+def load_sharded(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, adapters_only: bool = False
+) -> None:
     """Collective: the state `save_sharded` wrote, resharded to this world if it differs."""
     folder = Path(path)
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
+    options = _options(adapters_only)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    state = {"model": _model_state(model, model_state, adapters_only), "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(folder / "dcp"))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=options,
+    )
     rng_file = folder / f"rng-{dist.get_rank()}.pt"
     if rng_file.exists():  # a checkpoint from a smaller world has none for the extra ranks
         rng = torch.load(rng_file, weights_only=False)

@@ -104,6 +104,18 @@ def test_megatron_refuses_what_it_does_not_implement(field):
         JobConfig(algo=algo, trainer=TrainerConfig(backend=TrainerBackend.megatron))
 
 
+def test_megatron_refuses_lora():
+    """model.lora.rank > 0 trains adapters on the torch and FSDP backends (tests/integration/fsdp/
+    test_fsdp_lora.py compares the two); Megatron refuses it (config/support.py LORA_BACKENDS)."""
+    from areal_jobs.config import JobConfig, LoraConfig, ModelConfig, TrainerBackend, TrainerConfig
+    from areal_jobs.config.support import LORA_BACKENDS
+
+    lora = ModelConfig(lora=LoraConfig(rank=8))
+    with pytest.raises(ValueError, match=r"model\.lora\.rank=8 .*trainer=megatron.*trainer=torch/fsdp"):
+        JobConfig(model=lora, trainer=TrainerConfig(backend=TrainerBackend.megatron))
+    assert LORA_BACKENDS == ("torch", "fsdp")
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     model = str(make_tiny_hf(tmp_path_factory.mktemp("contract") / "qwen2", "qwen2", tied=True, seed=3))

@@ -68,13 +68,13 @@ def trainer_config(dp: int, **overrides: Any):
     return TrainerConfig(backend=TrainerBackend.fsdp, dp_size=dp, **fields)
 
 
-def start_backend(model_dir: Path | str, trainer, algo=None, dtype=None):
+def start_backend(model_dir: Path | str, trainer, algo=None, dtype=None, lora=None):
     """init_distributed + FSDPBackend(...).setup(), as trainer/main.py does."""
     from areal_jobs.config import AlgoConfig, DType
     from areal_jobs.trainer.fsdp.backend import FSDPBackend, init_distributed
 
     init_distributed(trainer, timeout_s=120.0)
-    backend = FSDPBackend(trainer, algo or AlgoConfig(), str(model_dir), dtype or DType.float32)
+    backend = FSDPBackend(trainer, algo or AlgoConfig(), str(model_dir), dtype or DType.float32, lora)
     backend.setup()
     return backend
 

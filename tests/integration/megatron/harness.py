@@ -212,7 +212,7 @@ def hf_state(model_dir: Path | str) -> dict[str, np.ndarray]:
 
 
 def torch_backend_step(
-    model_dir: Path | str, batch, trainer, algo=None
+    model_dir: Path | str, batch, trainer, algo=None, lora=None
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """The torch backend's step on the same batch and weights: (metrics, exported HF state)."""
     from dataclasses import replace
@@ -221,7 +221,7 @@ def torch_backend_step(
     from areal_jobs.trainer.torch_backend import TorchBackend
 
     cfg = replace(trainer, backend=TrainerBackend.torch, tp_size=1, pp_size=1, dp_size=1)
-    backend = TorchBackend(cfg, algo or AlgoConfig(), str(model_dir), DType.float32)
+    backend = TorchBackend(cfg, algo or AlgoConfig(), str(model_dir), DType.float32, lora)
     backend.setup()
     metrics = backend.train_step(batch)
     return metrics, {k: v.detach().numpy().copy() for k, v in backend.iter_weights()}

@@ -30,13 +30,15 @@ class Broadcaster(_Broadcaster):
         self.orch.pause_mode = pause_mode
 
 
-def start_vllm(model_dir: Path, log: Path) -> ServerProcess:
+def start_vllm(model_dir: Path, log: Path, model: ModelConfig | None = None) -> ServerProcess:
+    """`model`: its lora slice decides the LoRA flags (model.lora.ship=adapter)."""
     if not VENV_PYTHON.exists():
         pytest.fail(f"{VENV_PYTHON} is missing: run `make vllm-venv` (make test does)")
     rollout = RolloutConfig(engine=RolloutEngine.vllm, kv_cache_gib=0.25)
     server = start_server(
-        str(model_dir), "127.0.0.1", free_port(), secrets.token_hex(8), rollout, ModelConfig(), log, seed=0
-    )
+        str(model_dir), "127.0.0.1", free_port(), secrets.token_hex(8), rollout, model or ModelConfig(), log,
+        seed=0,
+    )  # fmt: skip
     try:
         server.wait_healthy(timeout_s=600)
     except Exception:
