@@ -193,6 +193,9 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_w[:valid].addmm_(dz.T, h)
             elif need_w:
                 grad_w[:valid].add_(dz.T @ h)
+            # freed before the next chunk's logits exist: alive into the next iteration it made a
+            # third [c, V] float32 copy at the backward's peak (measured: 1.78 GiB -> 1.17 at c=1024)
+            del dz
         if need_h and n:
             _all_reduce(grad_h, _SUM, group)  # each shard holds a partial sum over its columns
         if need_w:

@@ -268,6 +268,9 @@ def _attention(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str
 
 # float32 [rows, V] copies alive at the peak of each log-prob path (trainer/logprobs.py,
 # megatron/head.py), checked by the CPU bench (bench/README.md "trainer_memory")
-FULL_VOCAB_COPIES = 4.0  # logits, log-softmax, exp and exp*logp of the entropy (torch/FSDP2)
+# torch/FSDP2: every position's logits, each sample's saved log-softmax, the entropy's exp and
+# exp*logp of one sample, and in backward the slices' gradients accumulated into [T, V]: between 3.1
+# and 3.7 [N, V] at the peak (CPU bench, 2 and 4 sequences of 1,024 tokens); 3.4 is both to 8%
+FULL_VOCAB_COPIES = 3.4
 FULL_VOCAB_ENTROPY_COPIES = 5.25  # index_select, shifted, exp, masked, product + bool (Megatron)
 CHUNK_COPIES = 2.0  # a chunk's logits and exp (forward) / log-probs and probabilities (backward)

@@ -5,6 +5,8 @@ tests/integration/logprobs/test_logprobs_tp.py."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -134,6 +136,40 @@ class LargestVocabTensor(TorchDispatchMode):
                 if t.numel() > self.largest[0]:
                     self.largest = (t.numel(), tuple(t.shape))
         return out
+
+
+class LiveChunkTensors(TorchDispatchMode):
+    """The most [chunk, V]-sized buffers alive at once (distinct storages, tracked by weak
+    references, views counted once), over every op run inside the mode."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.alive, self.most = numel, [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() >= self.numel:
+                self.alive.append(weakref.ref(t))
+        live = {r().untyped_storage().data_ptr() for r in self.alive if r() is not None}
+        self.most = max(self.most, len(live))
+        return out
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_at_most_two_chunk_buffers_live_at_once(entropy_grad):
+    """Forward: a chunk's logits and their exp; backward: its log-probs and probabilities (turned
+    into dz in place). The previous chunk's dz must be gone before the next chunk's logits exist:
+    kept alive across the loop it was a third [c, V] float32 buffer at the backward's peak."""
+    torch.manual_seed(0)
+    n, h, v, chunk = 40, 8, 500, 16
+    hidden = torch.randn(n, h, requires_grad=True)
+    weight = torch.randn(v, h, requires_grad=True)
+    targets = torch.randint(0, v, (n,))
+    with LiveChunkTensors(chunk * v) as seen:
+        logp, entropy = head_logprobs(hidden, weight, targets, chunk_tokens=chunk, entropy_grad=entropy_grad)
+        (logp.sum() + entropy.sum() if entropy_grad else logp.sum()).backward()
+    assert seen.most == 2
 
 
 def tiny_qwen2(vocab: int):
