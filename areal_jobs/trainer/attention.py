@@ -115,7 +115,17 @@ def hf_varlen_attention(
             f"{query.shape[0]}: pack the sequences (data/packing.py) or load the model with sdpa"
         )
     if key.shape[-2] != query.shape[-2]:
-        raise ValueError(f"attn_implementation={HF_VARLEN} is for training forwards: no KV cache")
+        # model.generate's decode step on the trainer's model (evaluation, the tests' greedy
+        # references): one new token of one unpadded sequence attends to every cached key
+        if query.shape[-2] != 1 or attention_mask is not None:
+            raise ValueError(
+                f"attn_implementation={HF_VARLEN} decodes one token of one unpadded sequence at a time "
+                f"with a KV cache (got {query.shape[-2]} query tokens): load the model with sdpa"
+            )
+        out = F.scaled_dot_product_attention(
+            query, key, value, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
+        )
+        return out.transpose(1, 2).contiguous(), None
     if kwargs.get("sliding_window") is not None:
         raise ValueError(
             f"attn_implementation={HF_VARLEN} has no sliding window: set trainer.attention=dense"

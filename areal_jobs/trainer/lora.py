@@ -203,7 +203,7 @@ def copy_tokenizer(base: Path, folder: Path) -> None:
     """The base model's tokenizer files into an adapter directory (PEFT directories carry one)."""
     for name in TOKENIZER_FILES:
         if (base / name).exists():
-            shutil.copy(base / name, folder / name)
+            shutil.copyfile(base / name, folder / name)  # the run's umask
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -415,7 +415,7 @@ class TorchBackend:
         for name in _TOKENIZER_FILES:
             src = Path(self.model_path) / name
             if src.exists():
-                shutil.copy(src, folder / name)
+                shutil.copyfile(src, folder / name)  # the run's umask, not the source's mode
 
     def save_adapter(self, path: str) -> None:
         """LoRA: the adapters alone, as a PEFT directory naming model.path as its base."""

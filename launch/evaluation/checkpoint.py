@@ -116,6 +116,6 @@ def _save_plain(model, out: Path, base: Path, tokenizer_from: Path | None = None
     for name in TOKENIZER_FILES:
         for source in (tokenizer_from, base):
             if source is not None and (source / name).exists():
-                shutil.copy(source / name, tmp / name)
+                shutil.copyfile(source / name, tmp / name)
                 break
     tmp.replace(out)  # complete or absent: a crash mid-write leaves no half directory behind

@@ -123,4 +123,4 @@ def write_hf(path: str, tensors: dict[str, torch.Tensor], config, architecture: 
     for name in TOKENIZER_FILES:
         src = Path(source) / name
         if src.exists():
-            shutil.copy(src, folder / name)
+            shutil.copyfile(src, folder / name)  # the run's umask, not the source's mode

@@ -145,7 +145,7 @@ def write_hf_metadata(
     src = Path(model_path)
     for f in src.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
-            shutil.copy2(f, out / f.name)
+            shutil.copyfile(f, out / f.name)  # the run's umask, not the source's mode
     cfg = json.loads((src / "config.json").read_text())
     for key in ("torch_dtype", "dtype"):
         if key in cfg:

@@ -68,7 +68,7 @@ def test_escapes(mode: str, marker_dir: str) -> None:
         for path in (f"/dev/shm/areal-leak-{tag}-{mode}", f"/tmp/areal-leak-{tag}-{mode}"):
             if os.path.exists(path):
                 os.unlink(path)
-    assert out["daemon_run"] == [True, "forked\n"]
+    assert out["daemon_run"] == [True, "forked\n"], out
     assert out["listener"][0] == "listening"
     found_secret, visible_pids = out["secrets_run"].rsplit(" ", 1)
     if mode == "userns":

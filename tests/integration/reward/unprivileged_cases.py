@@ -110,6 +110,8 @@ def escapes(mode: NetworkIsolation, marker_dir: str, port: int, tag: str) -> dic
     witness = witness_of(tag)
     run = run_program({"main.py": DAEMON.format(tag=witness, marker=marker)}, b"", limits)
     out["daemon_run"] = [run.started, run.stdout.decode()]
+    # how it ended, for the assertion's message: exit status, the wall clock, its last error lines
+    out["daemon_end"] = [run.returncode, run.timed_out, run.stderr.decode(errors="replace")[-600:]]
     # The listener, with the host knocking on its port for the whole run.
     connected, done = [], threading.Event()
 

@@ -101,10 +101,15 @@ def controller(world, pool, group_size, temperature, pushed):
     async def push(group):
         pushed.append(group)
 
+    algo = AlgoConfig(
+        batch_size=1, group_size=2, max_staleness=0, advantage=Advantage.drgrpo, ppo_minibatches=1
+    )
+    # one-answer groups follow one episode through the controller; no advantage is computed here,
+    # so the group size a training run must not use (AlgoConfig refuses 1) is set after validation
+    algo.group_size = group_size
     return RolloutController(
         RolloutConfig(max_new_tokens=MAX_NEW, temperature=temperature, workflow=WorkflowConfig(name="multi_turn_math")),
-        AlgoConfig(batch_size=1, group_size=group_size, max_staleness=0, advantage=Advantage.drgrpo, ppo_minibatches=1),
-        pool, WrongScorer(), stream, world["tok"].decode, push,
+        algo, pool, WrongScorer(), stream, world["tok"].decode, push,
         stop_token_ids=world["tok"].stop_token_ids, text=world["text"],
     )  # fmt: skip
 

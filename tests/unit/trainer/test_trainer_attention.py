@@ -197,3 +197,22 @@ def test_hf_varlen_refuses_a_padded_batch():
     model = tiny_model("llama", Attention.varlen)
     with pytest.raises(ValueError, match="batch 1"):
         model(input_ids=torch.ones(2, 5, dtype=torch.long))
+
+
+def test_generate_on_a_varlen_model_equals_sdpa():
+    """The trainer's model decodes (evaluation, greedy references): its KV-cache steps attend to
+    every cached key, so greedy generation equals the sdpa model's token for token; a batch of
+    padded prompts is refused with the fix."""
+    dense, varlen = tiny_model("qwen2", Attention.dense), tiny_model("qwen2", Attention.varlen)
+    prompt = torch.tensor([[5, 17, 3, 42, 9, 11]])
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want, got = (m.generate(prompt, **kwargs) for m in (dense, varlen))
+    assert got.shape == (1, 18) and torch.equal(got, want)
+    with pytest.raises(ValueError, match="one packed row|load the model with sdpa"):
+        with torch.no_grad():
+            varlen.generate(
+                torch.tensor([[5, 17, 3], [0, 42, 9]]),
+                attention_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]),
+                **kwargs,
+            )
