@@ -27,9 +27,9 @@ Per-layer activation bytes come from what the layers' autograd saves (counted op
 docs/memory.md); the log-prob and mask terms from the code paths; the CPU bench
 (`python -m bench --only trainer_memory`) measures peaks beside these predictions.
 
-LoRA seam: `trainable_params` is the one function that says which parameters get gradients
-and Adam state; an adapter config would return the adapter's parameters there (and the frozen
-base would stay in `parameters`), nothing else changes.
+LoRA: `trainable_params` is the one function that says which parameters get gradients and Adam
+state: with model.lora.rank > 0 the adapters' (LoraConfig.adapter_params), the frozen base stays
+in `parameters`. (The adapters' own activations, r per token per target, are left out: small.)
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from areal_jobs.config import DType, JobConfig, TrainerBackend
+from areal_jobs.config import DType, JobConfig, LoraConfig, TrainerBackend
+from areal_jobs.config.lora import decoder_projections
 from launch.planning.model_shape import ModelShape, padded_vocab
 
 GIB = 1 << 30
@@ -61,6 +62,7 @@ class TrainerMemoryInputs:
     attention: str  # varlen | dense
     logprob_chunk_tokens: int  # 0 = the whole micro-batch's scored tokens at once
     reference_model: bool = False  # algo.kl_coef > 0
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # model.lora: rank > 0 trains adapters
     vocab_multiple: int = 1  # Megatron pads the vocabulary to a multiple of this
     on_gpu: bool = True  # the runtime reserve exists on a GPU only
 
@@ -84,6 +86,7 @@ class TrainerMemoryInputs:
             attention=t.attention.value,
             logprob_chunk_tokens=t.logprob_chunk_tokens,
             reference_model=job.algo.kl_coef > 0,
+            lora=job.model.lora,
             vocab_multiple=t.megatron_vocab_multiple if t.backend is TrainerBackend.megatron else 1,
             on_gpu=on_gpu,
         )
@@ -113,7 +116,8 @@ def trainer_memory(shape: ModelShape, x: TrainerMemoryInputs) -> MemoryEstimate:
     shards = x.dp if x.backend is TrainerBackend.fsdp else 1
     how = f"{params / 1e9:.3g}B params x {x.param_bytes} B" + (f" / DP {shards}" if shards > 1 else "")
     parts = [
-        ("parameters", params * x.param_bytes // shards, how),
+        # the adapters are parameters too (beside the frozen base), in the same dtype
+        ("parameters", (params + (trainable if x.lora.enabled else 0)) * x.param_bytes // shards, how),
         _gradients(trainable, x),
         _optimizer(trainable, x),
     ]
@@ -143,9 +147,15 @@ def rank_params(shape: ModelShape, x: TrainerMemoryInputs) -> int:
 
 
 def trainable_params(shape: ModelShape, x: TrainerMemoryInputs, params: int) -> int:
-    """Parameters with gradients and optimiser state: all of them (full fine-tuning). The LoRA
-    seam: an adapter would return its own parameter count here."""
-    return params
+    """Parameters with gradients and optimiser state: all of them (full fine-tuning), or with
+    model.lora.rank > 0 the adapters only (the frozen base stays in `parameters`), in the base's
+    dtype as trainer/lora.py attaches them."""
+    if not x.lora.enabled:
+        return params
+    projections = decoder_projections(
+        shape.hidden_size, shape.intermediate_size, shape.num_heads, shape.num_kv_heads, shape.head_dim
+    )
+    return x.lora.adapter_params(shape.num_layers, projections)
 
 
 def _gradients(trainable: int, x: TrainerMemoryInputs) -> tuple[str, int, str]:

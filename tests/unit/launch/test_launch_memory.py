@@ -268,3 +268,18 @@ def test_auto_fraction_only_weighs_splits_whose_trainer_fits() -> None:
     _, large = resolve_rollout_fraction(job(80))
     assert 3 not in {c.rollout_nodes for c in small.candidates}
     assert 3 in {c.rollout_nodes for c in large.candidates}
+
+
+def test_lora_trains_the_adapters_only_by_hand() -> None:
+    """model.lora.rank=2 on q and v: gradients and AdamW state for the adapters alone, the frozen
+    base and the adapters as parameters (SMALL: hidden 8, 2 heads x 4 = q 8, 1 KV head = kv 4)."""
+    from areal_jobs.config import LoraConfig
+
+    lora = LoraConfig(rank=2, target_modules=["q_proj", "v_proj"])
+    adapters = 2 * ((8 + 8) + (8 + 4)) * 2  # rank x (in + out) per target, 2 layers
+    assert adapters == 112
+    got = parts(trainer_memory(SMALL, inputs(TrainerBackend.torch, lora=lora)))
+    full = parts(trainer_memory(SMALL, inputs(TrainerBackend.torch)))
+    assert got["parameters"] == (2024 + adapters) * 4
+    assert got["gradients"] == adapters * 4 and got["optimizer"] == adapters * 8
+    assert full["gradients"] == 2024 * 4  # full fine-tuning: every parameter
