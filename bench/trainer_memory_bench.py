@@ -25,6 +25,7 @@ import concurrent.futures
 import contextlib
 import fcntl
 import json
+import math
 import os
 import subprocess
 import sys
@@ -219,9 +220,7 @@ def _run_if_room(backend: str, mode: str, tokens: int, predicted: int, model_dir
 def _point_metrics(key: str, result: dict, predicted: int, tokens: int) -> dict[str, float]:
     vocab = BENCH_CONFIG["vocab_size"]
     largest = result["largest"][0] if result["largest"] else {"bytes": 0, "shape": [], "dtype": ""}
-    float32 = [t for t in result["largest"] if t["dtype"] == "float32"]
-    tv = any(t["bytes"] >= tokens * vocab * 4 * 0.9 for t in float32)
-    tt = any(t["bytes"] >= tokens * tokens * 4 for t in float32)
+    tv, tt = full_size_tensors(result["largest"], tokens, vocab)
     return {
         f"{key}_peak_gib": result["peak_bytes"] / GIB,
         f"{key}_step_peak_gib": (
@@ -233,6 +232,22 @@ def _point_metrics(key: str, result: dict, predicted: int, tokens: int) -> dict[
         f"{key}_largest_tensor_mib": largest["bytes"] / (1 << 20),
         f"{key}_has_TxV_or_TxT_float32": float(tv or tt),
     }
+
+
+def full_size_tensors(largest: list[dict], tokens: int, vocab: int) -> tuple[bool, bool]:
+    """(a float32 tensor of every scored position by the vocabulary, one of tokens by tokens)
+    among the step's largest tensors, by shape: a chunk of the LM head ([chunk, V]) is neither."""
+    float32 = [t for t in largest if t["dtype"] == "float32"]
+    rows = scored_tokens(tokens)
+
+    def others(shape: list[int], dim: int) -> int:
+        rest = list(shape)
+        rest.remove(dim)
+        return math.prod(rest)
+
+    tv = any(vocab in t["shape"] and others(t["shape"], vocab) >= rows for t in float32)
+    tt = any(t["shape"].count(tokens) >= 2 for t in float32)
+    return tv, tt
 
 
 def _slopes(metrics: dict[str, float], points: list[tuple[str, str, int]]) -> dict[str, float]:
