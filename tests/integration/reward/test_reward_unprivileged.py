@@ -21,8 +21,14 @@ from unprivileged import SANDBOX_CASES_UID, run_unprivileged
 CASES = str(Path(__file__).with_name("unprivileged_cases.py"))
 
 
+# Each case as its own uid: RLIMIT_NPROC counts every task of a uid until it is reaped, and under
+# load the previous case's killed sandbox processes (reparented to the host's init) were still
+# counted when the next case forked: its fork failed with EAGAIN (CI, xdist: test_escapes[none]).
+_case_uids = iter(range(SANDBOX_CASES_UID, SANDBOX_CASES_UID + 10))
+
+
 def run_case(*args: str, env: dict[str, str] | None = None) -> dict:
-    proc = run_unprivileged([sys.executable, CASES, *args], env=env, uid=SANDBOX_CASES_UID)
+    proc = run_unprivileged([sys.executable, CASES, *args], env=env, uid=next(_case_uids))
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     out = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     assert out["uid"] != 0

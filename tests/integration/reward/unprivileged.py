@@ -16,12 +16,13 @@ import sys
 from pathlib import Path
 
 NOBODY = 65534
-# RLIMIT_NPROC counts every process of a uid, and the weak sandbox mode's limit (16) is per uid:
+# RLIMIT_NPROC counts every task of a uid, and the weak sandbox mode's limit (16) is per uid:
 # callers that may run at the same time (two xdist workers: the unprivileged make-run as nobody
 # beside the sandbox cases) each take their own uid, or one's threads use up the other's forks.
-SANDBOX_CASES_UID = 64_991
-SANDBOX_TOOLS_UID = 64_992
-SANDBOX_BENCH_UID = 64_993
+# The sandbox cases take a fresh uid per case from SANDBOX_CASES_UID on (test_reward_unprivileged).
+SANDBOX_TOOLS_UID = 64_981
+SANDBOX_BENCH_UID = 64_982
+SANDBOX_CASES_UID = 64_990  # the first of 64_990..64_999
 REPO = Path(__file__).resolve().parents[3]
 
 
