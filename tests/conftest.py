@@ -67,6 +67,11 @@ def xdist_group_of(nodeid: str) -> str:
     return next((group for prefix, group in SHARED_GROUPS.items() if path.startswith(prefix)), path)
 
 
+# tryfirst: xdist's own hook (--dist loadgroup) turns each item's xdist_group marker into the
+# "@group" suffix of its node id, which is what the scheduler reads; run after it, the markers added
+# here were never seen and every test was its own group (a module's tests split over both workers,
+# its module fixtures built twice)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
