@@ -60,7 +60,7 @@ warmstart: install
 TEST_WORKERS ?= 2
 TEST_ARGS ?=
 test: install vllm-venv system-packages
-	$(PY) -m pytest -m "not gpu" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) --durations=20 $(TEST_ARGS) tests
+	$(PY) -m pytest -m "not gpu" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) --durations=20 $(TEST_ARGS) tests
 
 test-unit: install
 	$(PY) -m pytest -m "not gpu" tests/unit

@@ -6,8 +6,10 @@ server and endpoint) is engine_http.EngineHTTP, shared with the vLLM client.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, TensorSpec
@@ -21,6 +23,7 @@ from areal_jobs.rollout.lora_adapters import AdapterSet
 
 __all__ = ["SGLangClient", "ServerCallError", "parse_generate", "parse_weight_version"]
 
+IDLE_WAIT_S = 30.0  # release_memory: how long a server may take to become idle
 logger = logging.getLogger(__name__)
 
 
@@ -106,7 +109,20 @@ class SGLangClient:
 
     async def release_memory(self) -> None:
         # every tag (weights, KV cache, CUDA graphs); freed for real only with --enable-memory-saver
-        # (GPU); on CPU it flushes the cache and keeps the tensors
+        # (GPU); on CPU it flushes the cache and keeps the tensors.
+        # SGLang asserts that the server is idle, and its scheduler dies if not: a request that has
+        # just returned can still sit in the running batch for a moment (seen under load: the
+        # server went down). /flush_cache is refused (HTTP 400) in exactly that state, so it is
+        # the idle check, retried until it succeeds
+        deadline = time.monotonic() + IDLE_WAIT_S
+        while True:
+            try:
+                await self._post("/flush_cache", {})
+                break
+            except ServerCallError as exc:
+                if exc.status != 400 or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
         await self._post("/release_memory_occupation", {})
 
     async def resume_memory(self) -> None:

@@ -300,14 +300,17 @@ def test_aborted_request_goes_on_under_the_new_adapter(lora_server, tiny_model_d
         ctl.version = 20
 
         async def keep_updating():
+            # a pause every second, at most 12: each one aborts what is in flight, so generation
+            # must progress between them (back to back, 0.05 s apart, they starved it on a loaded
+            # machine: no group finished in 600 s)
             version = 20
-            while not done.is_set():
+            while not done.is_set() and version < 32:
                 ctl.running.clear()
                 version += 1
                 await publisher.publish(backend, version=version)
                 ctl.on_version(version)
                 ctl.running.set()
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)
 
         updater = asyncio.create_task(keep_updating())
         admission = asyncio.create_task(ctl.admission_loop())
