@@ -22,8 +22,6 @@ the exit code is then 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import subprocess
@@ -32,6 +30,7 @@ import time
 from pathlib import Path
 
 from bench.ablation_table import OBJECTIVES, aggregate, curve_from_rows, markdown, mean_curves, tokens_per_s
+from bench.harness import held_flock
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 3600
@@ -99,20 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
 def _held(lock: Path | None):
-    """An exclusive flock on `lock` for the duration (none when lock is None)."""
-    if lock is None:
-        yield
-        return
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            # flock is not fair: re-locking at once for the next run starves every waiter
-            time.sleep(LOCK_YIELD_S)
+    """An exclusive flock on `lock` for one run, then LOCK_YIELD_S for the other waiters."""
+    return held_flock(lock, LOCK_YIELD_S)
 
 
 def run_one(args: argparse.Namespace, eta: int, objective: str, seed: int) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import secrets
 import tempfile
@@ -286,3 +287,20 @@ async def wait_idle(client: SGLangClient, timeout_s: float = 120.0) -> None:
             return
         await asyncio.sleep(0.5)
     logger.warning("server still busy %.0fs after the rig closed", timeout_s)
+
+
+@contextlib.contextmanager
+def held_flock(lock: Path | None, yield_s: float = 0.0) -> Iterator[None]:
+    """An exclusive flock(2) on `lock` for the duration (nothing when lock is None), so heavy jobs
+    sharing one machine take turns; after releasing it, `yield_s` of sleep: flock is not fair, and
+    a caller that locks again at once starves every other waiter."""
+    if lock is None:
+        yield
+        return
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            time.sleep(yield_s)

@@ -22,8 +22,6 @@ Run: `python -m bench.trainer_memory_bench [--quick]` or `python -m bench --only
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import fcntl
 import json
 import math
 import os
@@ -33,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from areal_jobs.config import TrainerBackend
+from bench.harness import held_flock
 from launch.planning.memory import GIB, TrainerMemoryInputs, trainer_memory
 from launch.planning.model_shape import shape_from_hf_config
 
@@ -121,20 +120,11 @@ def point_env() -> dict[str, str]:
     return dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="2")
 
 
-@contextlib.contextmanager
 def point_lock():
     """On a shared machine (TRAINER_MEMORY_LOCK=<file>), each backend's points (quick: all three)
     hold that flock(2) lock while they run, so other heavy jobs interleave between the groups."""
     path = os.environ.get("TRAINER_MEMORY_LOCK")
-    if not path:
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return held_flock(Path(path) if path else None)
 
 
 def run_point(backend: str, mode: str, tokens: int, model_dir: str, threads: int = 2) -> dict:
