@@ -178,20 +178,11 @@ class MegatronBackend:
         self._head = self._output_head(self._gpt)
 
     def _load_gpt(self, config) -> torch.nn.Module:
-        """This stage's GPTModel with the HF weights (its TP shards)."""
         cfg = self._cfg
-        gpt = megatron_model.build_gpt(self.dims, config, use_te=self._use_te)
-        megatron_weights.load_hf_weights(
-            gpt,
-            self._model_path,
-            self.dims,
-            tp_size=cfg.tp_size,
-            tp_rank=self._tp_rank,
-            pp_size=cfg.pp_size,
-            pp_rank=self._pp_rank,
-            te_fused_norms=self._use_te,
-        )
-        return gpt
+        return megatron_weights.load_gpt(
+            self.dims, config, self._model_path, tp_size=cfg.tp_size, tp_rank=self._tp_rank,
+            pp_size=cfg.pp_size, pp_rank=self._pp_rank, use_te=self._use_te,
+        )  # fmt: skip
 
     def _output_head(self, gpt) -> OutputHead:
         return OutputHead(

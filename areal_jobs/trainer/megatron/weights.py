@@ -32,6 +32,7 @@ from areal_jobs.trainer.megatron.convert import (
     merge_tp,
     param_maps,
 )
+from areal_jobs.trainer.megatron.model import build_gpt
 
 # model-space optimizer state: reloadable at another TP/PP/DP layout (dp_reshardable is DP-only)
 _OPTIM_CKPT_META = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -97,6 +98,17 @@ def load_hf_weights(
                     f"{name}: model shape {tuple(param.shape)}, adapter {tuple(shard[name].shape)}"
                 )
             param.copy_(shard[name])
+
+
+def load_gpt(dims: ModelDims, config, model_path: str, *, tp_size: int, tp_rank: int, pp_size: int,
+             pp_rank: int, use_te: bool) -> torch.nn.Module:  # fmt: skip
+    """This stage's GPTModel built from `config` with the HF weights (its TP shards)."""
+    gpt = build_gpt(dims, config, use_te=use_te)
+    load_hf_weights(
+        gpt, model_path, dims, tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
+        te_fused_norms=use_te,
+    )  # fmt: skip
+    return gpt
 
 
 def hf_specs(maps: list[ParamMap], dims: ModelDims, dtype: torch.dtype) -> list[TensorSpec]:
