@@ -139,10 +139,14 @@ def check_async_run(run_dir: Path) -> None:
     assert all(r["trained_at_version"] - r["oldest_version"] <= 4 for r in rows)
     assert all(r["max_staleness"] <= 4 for r in rows)
     assert summary["max_staleness_seen"] == max(r["max_staleness"] for r in rows) <= 4
-    # asynchrony is real: later batches hold tokens from older policies, and updates caught requests
-    # in flight (the default pause_mode=in_place: they went on under the new weights)
+    # asynchrony is real: later batches hold tokens from older policies. Either generation runs
+    # ahead of training (finished samples wait in the buffer) or updates land on requests in flight
+    # (a straddled segment keeps its older version): both show as staleness, whichever the timing.
+    # Whether an update catches a request in flight is timing alone (CI once saw none in 6 steps):
+    # test_sglang_rollout's in_place test makes it happen. The default pause_mode=in_place never
+    # aborts a request, whatever the timing.
     assert summary["max_staleness_seen"] >= 1
-    assert summary["straddled_segments"] > 0 and summary["interrupted_requests"] == 0
+    assert summary["interrupted_requests"] == 0
     samples = [s for r in rows for s in r["samples"]]
     assert len(samples) == len(set(samples)) == ASYNC_STEPS * 2 * 2
     for artefact in ("metrics.jsonl", "reward_accuracy.png", "final_hf/model.safetensors", "config.yaml"):

@@ -48,11 +48,11 @@ def client_for(server) -> SGLangClient:
 class Broadcaster:
     """Owns one broadcast group to one server; `publish` runs the full handshake."""
 
-    def __init__(self, server, bucket_bytes: int = 64 << 10) -> None:
+    def __init__(self, server, bucket_bytes: int = 64 << 10, pause_mode: PauseMode = PauseMode.abort) -> None:
         self.pool = ServerPool()
         self.client = client_for(server)
         self.pool.add(0, self.client)
-        self.orch = WeightUpdateOrchestrator(self.pool, PauseMode.abort, step_timeout_s=120)
+        self.orch = WeightUpdateOrchestrator(self.pool, pause_mode, step_timeout_s=120)
         port = free_port()
         self.group = WeightBroadcastGroup(f"test-{port}", "127.0.0.1", port, "gloo", timeout_s=120)
         self.bucket_bytes = bucket_bytes

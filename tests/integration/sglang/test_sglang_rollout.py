@@ -17,7 +17,7 @@ import torch
 from sglang_harness import Broadcaster, client_for, logprob_gaps
 
 from areal_jobs.api import GenerateRequest
-from areal_jobs.config import AlgoConfig, DataConfig, DType, RolloutConfig, TrainerConfig
+from areal_jobs.config import AlgoConfig, DataConfig, DType, PauseMode, RolloutConfig, TrainerConfig
 from areal_jobs.data.prompts import PromptStream, eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
@@ -212,6 +212,67 @@ def test_interrupted_request_continues_under_new_version(sglang_server, tiny_mod
         versions = sample.versions.tolist()
         assert sample.num_interruptions >= 1
         assert versions[0] == 2 and versions[-1] == 3 and versions == sorted(versions)
+        assert sample.output_ids.tolist() == uninterrupted.output_ids
+
+
+def test_an_in_place_update_lands_mid_request_and_the_request_finishes_unsent(sglang_server, tiny_model_dir):
+    """pause_mode=in_place (the default): the update lands while a long greedy request runs; SGLang
+    freezes it with its KV cache and it finishes without being re-sent, answering with the new
+    version. The controller counts one straddled segment and stamps its tokens with the older
+    version (the one that computed most of them; docs/protocols.md). The update re-sends the same
+    weights, so the tokens are exactly the uninterrupted ones. Leaves the server at version 5.
+
+    This is the deterministic check of what the e2e run (test_e2e_unprivileged) only sees when its
+    timing happens to put a request in flight during an update."""
+    backend = trainer(tiny_model_dir)
+    tok = load_tokenizer(tiny_model_dir)
+    weights = dict(backend.iter_weights())
+    max_new = 400
+
+    async def go():
+        caster = Broadcaster(sglang_server, pause_mode=PauseMode.in_place)
+        await caster.publish(weights, version=4)  # the original weights, whatever ran before
+        data = DataConfig(num_eval_prompts=16)
+        candidates = eval_prompts(data, tok.encode)
+        plain = await generate_all(sglang_server, [p.input_ids for p in candidates], max_new, 1e-5)
+        index = max(range(len(plain)), key=lambda i: len(plain[i].output_ids))
+        assert len(plain[index].output_ids) >= 150, "no long greedy answer to update under"
+        stream = PromptStream(data, tok.encode)
+        stream.at = lambda i: dataclasses.replace(candidates[index], data_index=i)
+        pushed = []
+
+        async def push(group):
+            pushed.append(group)
+
+        ctl = RolloutController(
+            RolloutConfig(max_new_tokens=max_new, temperature=1e-5), AlgoConfig(batch_size=1, group_size=2, max_staleness=0),
+            caster.pool, _ZeroScorer(), stream, tok.decode, push,
+        )  # fmt: skip
+        ctl.version = 4
+        admission = asyncio.create_task(ctl.admission_loop())
+        for _ in range(300):  # the first request is on the server
+            if caster.pool.total_in_flight:
+                break
+            await asyncio.sleep(0.01)
+        ctl.running.clear()
+        await caster.publish(weights, version=5)
+        ctl.on_version(5)
+        ctl.running.set()
+        for _ in range(600):
+            if any(g.data_index == 0 for g in pushed):
+                break
+            await asyncio.sleep(0.1)
+        await ctl.stop()
+        admission.cancel()
+        await caster.close()
+        return pushed, plain[index], ctl.counters
+
+    pushed, uninterrupted, counters = asyncio.run(go())
+    first = next(g for g in pushed if g.data_index == 0)  # admitted at version 4, before the update
+    assert counters.straddled_segments >= 1 and counters.interrupted_requests == 0
+    assert counters.resubmitted_segments == 0
+    for sample in first.samples:
+        assert sample.num_interruptions == 0 and set(sample.versions.tolist()) == {4}
         assert sample.output_ids.tolist() == uninterrupted.output_ids
 
 
