@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import numpy as np
 import torch
 
 from areal_jobs.api import TensorSpec, WeightSender
@@ -20,25 +19,6 @@ from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
 from areal_jobs.transport.discovery import free_port
 from areal_jobs.weights.broadcast import WeightBroadcastGroup
 from areal_jobs.weights.buckets import plan_buckets
-
-
-def logprob_gaps(model, inputs, responses, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """|server - reference| per output token, the reference computed here from the same HF model
-    one sequence at a time: log_softmax(logits / temperature) (the distribution that sampled),
-    and log_softmax(logits) (the untempered model). Responses without tokens are skipped."""
-    tempered, untempered = [], []
-    with torch.no_grad():
-        for prompt, r in zip(inputs, responses, strict=True):
-            if not r.output_ids:
-                continue
-            ids = torch.tensor([list(prompt) + list(r.output_ids)])
-            logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1].float()
-            target = torch.tensor(r.output_ids)[:, None]
-            served = torch.tensor(r.logprobs, dtype=torch.float32)
-            for scale, out in ((temperature, tempered), (1.0, untempered)):
-                ref = torch.log_softmax(logits / scale, dim=-1).gather(-1, target)[:, 0]
-                out.append((ref - served).abs().numpy())
-    return np.concatenate(tempered), np.concatenate(untempered)
 
 
 def client_for(server) -> SGLangClient:

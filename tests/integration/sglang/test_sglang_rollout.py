@@ -10,33 +10,27 @@ import asyncio
 import dataclasses
 import os
 
-import numpy as np
 import pytest
 import requests
 import torch
-from sglang_harness import Broadcaster, client_for, logprob_gaps
+from sglang_harness import Broadcaster, client_for
 
 from areal_jobs.api import GenerateRequest
-from areal_jobs.config import AlgoConfig, DataConfig, DType, PauseMode, RolloutConfig, TrainerConfig
+from areal_jobs.config import AlgoConfig, DataConfig, PauseMode, RolloutConfig
 from areal_jobs.data.prompts import PromptStream, eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
+from tests.integration.engine_parity import (
+    ZeroScorer,
+    assert_parity,
+    hf_greedy,
+    logprob_gaps,
+    prompts,
+    server_trainer_gap,
+    trainer,
+)
 
 pytestmark = pytest.mark.sglang
-
-
-def trainer(model_dir) -> TorchBackend:
-    backend = TorchBackend(TrainerConfig(), AlgoConfig(), str(model_dir), DType.float32)
-    backend.setup()
-    backend.model.eval()
-    return backend
-
-
-def prompts(model_dir, n):
-    tok = load_tokenizer(model_dir)
-    return [p.input_ids for p in eval_prompts(DataConfig(num_eval_prompts=n), tok.encode)]
 
 
 async def generate_all(server, inputs, max_new_tokens, temperature):
@@ -55,30 +49,13 @@ async def generate_all(server, inputs, max_new_tokens, temperature):
 def test_server_logprobs_match_trainer_recomputation(sglang_server, tiny_model_dir, record_property):
     inputs = prompts(tiny_model_dir, 8)
     responses = asyncio.run(generate_all(sglang_server, inputs, 48, 1.0))
-    samples = [
-        TrainSample(
-            f"s{i}",
-            np.array(p + r.output_ids),
-            len(p),
-            np.array(r.logprobs, dtype=np.float32),
-            np.zeros(len(r.output_ids), dtype=np.int32),
-            0.0,
-            0.0,
-        )  # fmt: skip
-        for i, (p, r) in enumerate(zip(inputs, responses))
-        if r.output_ids
-    ]
-    with torch.no_grad():
-        recomputed = torch.cat(token_logprobs(trainer(tiny_model_dir).model, samples)).numpy()
-    served = np.concatenate([s.behav_logprobs for s in samples])
-    diff = np.abs(recomputed - served)
+    diff = server_trainer_gap(trainer(tiny_model_dir).model, inputs, responses)
     record_property("logprob_max_abs_diff", float(diff.max()))
     record_property("logprob_mean_abs_diff", float(diff.mean()))
     print(
         f"\nlog-prob |server - trainer| over {diff.size} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}"
     )
-    assert diff.size > 50
-    assert diff.mean() < 1e-3 and diff.max() < 1e-2
+    assert_parity(diff)
 
 
 def test_server_logprobs_are_of_the_tempered_distribution(sglang_server, tiny_model_dir, record_property):
@@ -94,8 +71,7 @@ def test_server_logprobs_are_of_the_tempered_distribution(sglang_server, tiny_mo
         f"\nSGLang log-prob |server - log_softmax(logits / 0.7)| over {tempered.size} tokens: "
         f"max {tempered.max():.2e}, mean {tempered.mean():.2e}; untempered mean {untempered.mean():.2e}"
     )
-    assert tempered.size > 50
-    assert tempered.mean() < 1e-3 and tempered.max() < 1e-2
+    assert_parity(tempered)
     assert untempered.mean() > 2e-2
 
 
@@ -118,13 +94,8 @@ def test_broadcast_makes_server_greedy_equal_trainer_greedy(sglang_server, tiny_
 
     served = asyncio.run(go())
     for ids, response in zip(inputs, served):
-        with torch.no_grad():
-            out = backend.model.generate(
-                torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=0, pad_token_id=0
-            )
-        hf = out[0, len(ids) :].tolist()
         assert response.weight_version == 1
-        assert response.output_ids == hf[: len(response.output_ids)] and len(response.output_ids) == len(hf)
+        assert response.output_ids == hf_greedy(backend, ids, 24)
 
 
 def test_broadcast_group_is_re_formed_on_the_same_port(sglang_server, tiny_model_dir):
@@ -147,16 +118,6 @@ def test_broadcast_group_is_re_formed_on_the_same_port(sglang_server, tiny_model
     assert first != second and first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0]
     (response,) = asyncio.run(generate_all(sglang_server, prompts(tiny_model_dir, 1), 4, 0.0))
     assert response.weight_version == 5
-
-
-class _ZeroScorer:
-    async def score_group(self, requests):
-        from areal_jobs.api import RewardResult
-
-        return [RewardResult(0.0) for _ in requests]
-
-    def metrics(self):
-        return {}
 
 
 def test_interrupted_request_continues_under_new_version(sglang_server, tiny_model_dir):
@@ -188,7 +149,7 @@ def test_interrupted_request_continues_under_new_version(sglang_server, tiny_mod
 
         ctl = RolloutController(
             RolloutConfig(max_new_tokens=max_new, temperature=1e-5), AlgoConfig(batch_size=1, group_size=2, max_staleness=0),
-            caster.pool, _ZeroScorer(), stream, tok.decode, push,
+            caster.pool, ZeroScorer(), stream, tok.decode, push,
         )  # fmt: skip
         ctl.version = 2
         admission = asyncio.create_task(ctl.admission_loop())
@@ -246,7 +207,7 @@ def test_an_in_place_update_lands_mid_request_and_the_request_finishes_unsent(sg
 
         ctl = RolloutController(
             RolloutConfig(max_new_tokens=max_new, temperature=1e-5), AlgoConfig(batch_size=1, group_size=2, max_staleness=0),
-            caster.pool, _ZeroScorer(), stream, tok.decode, push,
+            caster.pool, ZeroScorer(), stream, tok.decode, push,
         )  # fmt: skip
         ctl.version = 4
         admission = asyncio.create_task(ctl.admission_loop())

@@ -15,38 +15,39 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import pytest
 import requests
-import torch
 from vllm_harness import Broadcaster, client_for, start_vllm
 
-from areal_jobs.api import GenerateRequest, RewardResult
+from areal_jobs.api import GenerateRequest
 from areal_jobs.config import (
     AlgoConfig,
     DataConfig,
-    DType,
     LoraConfig,
     LoraShip,
     ModelConfig,
     PauseMode,
     RolloutConfig,
-    TrainerConfig,
 )
 from areal_jobs.data.prompts import PromptStream, eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
-from areal_jobs.trainer import lora
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
+from areal_jobs.trainer.torch_backend import TorchBackend
 from areal_jobs.weights.buckets import tensor_bytes
+from tests.integration.engine_parity import (
+    ZeroScorer,
+    assert_parity,
+    hf_greedy,
+    prompts,
+    server_trainer_gap,
+    trainer,
+)
 
 pytestmark = pytest.mark.vllm
 
 LORA = LoraConfig(rank=8, alpha=16.0, ship=LoraShip.adapter)
-LOGPROB_TOL = (1e-3, 1e-2)  # (mean, max) |server - trainer|: the full-weight tests' tolerance
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +61,7 @@ def lora_server(tiny_model_dir: Path, tmp_path_factory):
 
 def policy(model_dir, seed: int) -> TorchBackend:
     """The torch trainer with LoRA and random adapters (a policy `seed` names)."""
-    backend = TorchBackend(TrainerConfig(), AlgoConfig(), str(model_dir), DType.float32, LORA)
-    backend.setup()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in lora.lora_layers(backend.model):
-            layer.lora_B.weight.copy_(torch.randn(layer.lora_B.weight.shape, generator=gen) * 0.05)
-    backend.model.eval()
-    return backend
+    return trainer(model_dir, LORA, adapter_seed=seed)
 
 
 class AdapterPublisher:
@@ -100,45 +94,6 @@ class AdapterPublisher:
         )
 
 
-def prompts(model_dir, n):
-    tok = load_tokenizer(model_dir)
-    return [p.input_ids for p in eval_prompts(DataConfig(num_eval_prompts=n), tok.encode)]
-
-
-def samples_of(inputs, responses) -> list[TrainSample]:
-    return [
-        TrainSample(
-            f"s{i}",
-            np.array(p + r.output_ids),
-            len(p),
-            np.array(r.logprobs, dtype=np.float32),
-            np.zeros(len(r.output_ids), dtype=np.int32),
-            0.0,
-            0.0,
-        )  # fmt: skip
-        for i, (p, r) in enumerate(zip(inputs, responses))
-        if r.output_ids
-    ]
-
-
-def logprob_gap(model, samples) -> np.ndarray:
-    with torch.no_grad():
-        recomputed = torch.cat(token_logprobs(model, samples)).numpy()
-    return np.abs(recomputed - np.concatenate([s.behav_logprobs for s in samples]))
-
-
-def hf_greedy(backend: TorchBackend, ids: list[int], max_new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = backend.model.generate(
-            torch.tensor([ids]),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=0,
-            pad_token_id=0,
-        )
-    return out[0, len(ids) :].tolist()
-
-
 def test_adapter_update_logprobs_match_the_trainer(lora_server, tiny_model_dir, tmp_path, record_property):
     """Leaves the server with adapter version 1 loaded (base weights untouched)."""
     backend = policy(tiny_model_dir, seed=1)
@@ -153,9 +108,8 @@ def test_adapter_update_logprobs_match_the_trainer(lora_server, tiny_model_dir, 
             await publisher.client.close()
 
     path, responses = asyncio.run(go())
-    samples = samples_of(inputs, responses)
-    gap = logprob_gap(backend.model, samples)
-    base_gap = logprob_gap(_base_model(tiny_model_dir), samples)
+    gap = server_trainer_gap(backend.model, inputs, responses)
+    base_gap = server_trainer_gap(trainer(tiny_model_dir).model, inputs, responses)
     adapter_bytes = (path / "adapter_model.safetensors").stat().st_size
     full_bytes = sum(tensor_bytes(s) for s in backend.weight_specs())
     record_property("lora_logprob_max_abs_diff", float(gap.max()))
@@ -168,15 +122,8 @@ def test_adapter_update_logprobs_match_the_trainer(lora_server, tiny_model_dir, 
         f"adapter {adapter_bytes} vs full {full_bytes}"
     )
     assert all(r.weight_version == 1 for r in responses)
-    assert gap.size > 50
-    assert gap.mean() < LOGPROB_TOL[0] and gap.max() < LOGPROB_TOL[1]
+    assert_parity(gap)
     assert base_gap.mean() > 20 * max(gap.mean(), 1e-5)  # the server really generated with the adapter
-
-
-def _base_model(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
 def test_each_version_replaces_the_last(lora_server, tiny_model_dir, tmp_path):
@@ -204,14 +151,6 @@ def test_each_version_replaces_the_last(lora_server, tiny_model_dir, tmp_path):
     for ids, response in zip(inputs, served):
         assert response.weight_version == 3
         assert response.output_ids == hf_greedy(second, ids, 24)
-
-
-class _ZeroScorer:
-    async def score_group(self, requests):
-        return [RewardResult(0.0) for _ in requests]
-
-    def metrics(self):
-        return {}
 
 
 def test_held_request_finishes_on_its_own_adapter(lora_server, tiny_model_dir, tmp_path):
@@ -296,7 +235,7 @@ def test_aborted_request_goes_on_under_the_new_adapter(lora_server, tiny_model_d
             max_new_tokens=max_new, temperature=1e-5, pause_mode=PauseMode.abort, max_concurrent=2
         )
         algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=10_000)
-        ctl = RolloutController(rollout, algo, publisher.pool, _ZeroScorer(), stream, tok.decode, push)
+        ctl = RolloutController(rollout, algo, publisher.pool, ZeroScorer(), stream, tok.decode, push)
         ctl.version = 20
 
         async def keep_updating():
@@ -354,10 +293,10 @@ def test_merged_ship_broadcast_matches_the_trainer(lora_server, tiny_model_dir, 
             await caster.close()
 
     responses = asyncio.run(go())
-    gap = logprob_gap(backend.model, samples_of(inputs, responses))
+    gap = server_trainer_gap(backend.model, inputs, responses)
     record_property("merged_logprob_max_abs_diff", float(gap.max()))
     print(
         f"\nvLLM LoRA merged broadcast: |server - trainer| over {gap.size} tokens: max {gap.max():.2e}, mean {gap.mean():.2e}"
     )
     assert all(r.weight_version == 30 for r in responses)
-    assert gap.size > 50 and gap.mean() < LOGPROB_TOL[0] and gap.max() < LOGPROB_TOL[1]
+    assert_parity(gap)

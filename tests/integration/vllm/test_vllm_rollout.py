@@ -10,34 +10,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-import numpy as np
 import pytest
 import requests
 import torch
 from vllm_harness import Broadcaster, client_for
 
-from areal_jobs.api import GenerateRequest, RewardResult
-from areal_jobs.config import AlgoConfig, DataConfig, DType, PauseMode, RolloutConfig, TrainerConfig
+from areal_jobs.api import GenerateRequest
+from areal_jobs.config import AlgoConfig, DataConfig, PauseMode, RolloutConfig
 from areal_jobs.data.prompts import PromptStream, eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
-from tests.integration.sglang.sglang_harness import logprob_gaps
+from areal_jobs.trainer.torch_backend import TorchBackend
+from tests.integration.engine_parity import (
+    ZeroScorer,
+    assert_parity,
+    hf_greedy,
+    logprob_gaps,
+    prompts,
+    server_trainer_gap,
+    trainer,
+)
 
 pytestmark = pytest.mark.vllm
-
-
-def trainer(model_dir) -> TorchBackend:
-    backend = TorchBackend(TrainerConfig(), AlgoConfig(), str(model_dir), DType.float32)
-    backend.setup()
-    backend.model.eval()
-    return backend
-
-
-def prompts(model_dir, n):
-    tok = load_tokenizer(model_dir)
-    return [p.input_ids for p in eval_prompts(DataConfig(num_eval_prompts=n), tok.encode)]
 
 
 async def generate_all(server, inputs, max_new_tokens, temperature, tag="t"):
@@ -51,18 +45,6 @@ async def generate_all(server, inputs, max_new_tokens, temperature, tag="t"):
         )
     finally:
         await client.close()
-
-
-def hf_greedy(backend: TorchBackend, ids: list[int], max_new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = backend.model.generate(
-            torch.tensor([ids]),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=0,
-            pad_token_id=0,
-        )
-    return out[0, len(ids) :].tolist()
 
 
 def assert_greedy_equal(server, backend, inputs, version, max_new_tokens=24):
@@ -92,30 +74,13 @@ async def publish(server, weights, version, **kwargs):
 def test_server_logprobs_match_trainer_recomputation(vllm_server, tiny_model_dir, record_property):
     inputs = prompts(tiny_model_dir, 8)
     responses = asyncio.run(generate_all(vllm_server, inputs, 48, 1.0))
-    samples = [
-        TrainSample(
-            f"s{i}",
-            np.array(p + r.output_ids),
-            len(p),
-            np.array(r.logprobs, dtype=np.float32),
-            np.zeros(len(r.output_ids), dtype=np.int32),
-            0.0,
-            0.0,
-        )  # fmt: skip
-        for i, (p, r) in enumerate(zip(inputs, responses))
-        if r.output_ids
-    ]
-    with torch.no_grad():
-        recomputed = torch.cat(token_logprobs(trainer(tiny_model_dir).model, samples)).numpy()
-    served = np.concatenate([s.behav_logprobs for s in samples])
-    diff = np.abs(recomputed - served)
+    diff = server_trainer_gap(trainer(tiny_model_dir).model, inputs, responses)
     record_property("logprob_max_abs_diff", float(diff.max()))
     record_property("logprob_mean_abs_diff", float(diff.mean()))
     print(
         f"\nvLLM log-prob |server - trainer| over {diff.size} tokens: max {diff.max():.2e}, mean {diff.mean():.2e}"
     )
-    assert diff.size > 50
-    assert diff.mean() < 1e-3 and diff.max() < 1e-2
+    assert_parity(diff)
     assert all(r.weight_version == 0 for r in responses)
 
 
@@ -132,8 +97,7 @@ def test_server_logprobs_are_of_the_tempered_distribution(vllm_server, tiny_mode
         f"\nvLLM log-prob |server - log_softmax(logits / 0.7)| over {tempered.size} tokens: "
         f"max {tempered.max():.2e}, mean {tempered.mean():.2e}; untempered mean {untempered.mean():.2e}"
     )
-    assert tempered.size > 50
-    assert tempered.mean() < 1e-3 and tempered.max() < 1e-2
+    assert_parity(tempered)
     assert untempered.mean() > 2e-2
 
 
@@ -191,14 +155,6 @@ def test_disk_fallback_loads_tied_weights(vllm_server, tiny_model_dir, tmp_path)
 
     assert asyncio.run(go()) == 6
     assert_greedy_equal(vllm_server, backend, prompts(tiny_model_dir, 4), version=6)
-
-
-class _ZeroScorer:
-    async def score_group(self, requests):
-        return [RewardResult(0.0) for _ in requests]
-
-    def metrics(self):
-        return {}
 
 
 MAX_GROUPS = 6  # groups tried before giving up on catching one mid-answer
@@ -261,7 +217,7 @@ def interrupted_run(server, model_dir, mode: PauseMode, version: int, record_pro
         # one group at a time (max_concurrent = group size); no staleness limit on admission
         rollout = RolloutConfig(max_new_tokens=max_new, temperature=1e-5, pause_mode=mode, max_concurrent=2)
         algo = AlgoConfig(batch_size=1, group_size=2, max_staleness=10_000)
-        ctl = RolloutController(rollout, algo, caster.pool, _ZeroScorer(), stream, tok.decode, push)
+        ctl = RolloutController(rollout, algo, caster.pool, ZeroScorer(), stream, tok.decode, push)
         ctl.version = version
         updater = asyncio.create_task(keep_updating())
         admission = asyncio.create_task(ctl.admission_loop())

@@ -9,8 +9,10 @@ import asyncio
 
 import pytest
 import torch
-from test_vllm_rollout import assert_greedy_equal, perturbed, prompts, publish, trainer
+from test_vllm_rollout import assert_greedy_equal, perturbed, publish
 from vllm_harness import start_vllm
+
+from tests.integration.engine_parity import prompts, trainer
 
 pytestmark = pytest.mark.vllm
 
