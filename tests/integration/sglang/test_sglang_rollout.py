@@ -211,10 +211,11 @@ def test_an_in_place_update_lands_mid_request_and_the_request_finishes_unsent(sg
         )  # fmt: skip
         ctl.version = 4
         admission = asyncio.create_task(ctl.admission_loop())
-        for _ in range(300):  # the first request is on the server
+        for _ in range(6000):  # the first request is on the server (60 s bound: admission under load)
             if caster.pool.total_in_flight:
                 break
             await asyncio.sleep(0.01)
+        assert caster.pool.total_in_flight, "no request reached the server in 60 s"
         ctl.running.clear()
         await caster.publish(weights, version=5)
         ctl.on_version(5)
