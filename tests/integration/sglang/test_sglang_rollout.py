@@ -120,26 +120,23 @@ def test_broadcast_group_is_re_formed_on_the_same_port(sglang_server, tiny_model
     assert response.weight_version == 5
 
 
-def test_interrupted_request_continues_under_new_version(sglang_server, tiny_model_dir):
-    """A sample is interrupted by a weight update: its first tokens carry version v, the later v + 1.
-
-    The update re-sends the same weights, so greedy continuation (prompt + partial output, KV cache
-    recomputed) must reproduce the uninterrupted output exactly. Leaves the server at version 3.
-    """
-    backend = trainer(tiny_model_dir)
-    tok = load_tokenizer(tiny_model_dir)
-    weights = dict(backend.iter_weights())
+def update_mid_request(server, model_dir, pause_mode: PauseMode, version: int, settle_s: float):
+    """The original weights published as `version`; a controller admits the prompt with the
+    longest greedy answer (group 0, two samples, at `version`); `settle_s` after its first request
+    reached the server, the same weights are published again as `version + 1` under `pause_mode`.
+    Returns group 0, the uninterrupted greedy answer and the controller's counters."""
+    weights = dict(trainer(model_dir).iter_weights())
+    tok = load_tokenizer(model_dir)
     max_new = 400
 
     async def go():
-        caster = Broadcaster(sglang_server)
-        await caster.publish(weights, version=2)  # back to the original weights
+        caster = Broadcaster(server, pause_mode=pause_mode)
+        await caster.publish(weights, version=version)  # the original weights, whatever ran before
         data = DataConfig(num_eval_prompts=16)
-        # a prompt whose greedy answer is long, so the update lands mid-generation
         candidates = eval_prompts(data, tok.encode)
-        plain = await generate_all(sglang_server, [p.input_ids for p in candidates], max_new, 1e-5)
+        plain = await generate_all(server, [p.input_ids for p in candidates], max_new, 1e-5)
         index = max(range(len(plain)), key=lambda i: len(plain[i].output_ids))
-        assert len(plain[index].output_ids) >= 150, "no long greedy answer to interrupt"
+        assert len(plain[index].output_ids) >= 150, "no long greedy answer to update under"
         stream = PromptStream(data, tok.encode)
         stream.at = lambda i: dataclasses.replace(candidates[index], data_index=i)  # always that prompt
         pushed = []
@@ -151,12 +148,17 @@ def test_interrupted_request_continues_under_new_version(sglang_server, tiny_mod
             RolloutConfig(max_new_tokens=max_new, temperature=1e-5), AlgoConfig(batch_size=1, group_size=2, max_staleness=0),
             caster.pool, ZeroScorer(), stream, tok.decode, push,
         )  # fmt: skip
-        ctl.version = 2
+        ctl.version = version
         admission = asyncio.create_task(ctl.admission_loop())
-        await asyncio.sleep(1.0)
+        for _ in range(6000):  # the first request is on the server (60 s bound: admission under load)
+            if caster.pool.total_in_flight:
+                break
+            await asyncio.sleep(0.01)
+        assert caster.pool.total_in_flight, "no request reached the server in 60 s"
+        await asyncio.sleep(settle_s)
         ctl.running.clear()
-        await caster.publish(weights, version=3)
-        ctl.on_version(3)
+        await caster.publish(weights, version=version + 1)
+        ctl.on_version(version + 1)
         ctl.running.set()
         for _ in range(600):
             if any(g.data_index == 0 for g in pushed):
@@ -165,10 +167,23 @@ def test_interrupted_request_continues_under_new_version(sglang_server, tiny_mod
         await ctl.stop()
         admission.cancel()
         await caster.close()
-        return pushed, plain[index]
+        return pushed, plain[index], ctl.counters
 
-    pushed, uninterrupted = asyncio.run(go())
-    first = next(g for g in pushed if g.data_index == 0)  # admitted at version 2, before the update
+    pushed, uninterrupted, counters = asyncio.run(go())
+    return next(g for g in pushed if g.data_index == 0), uninterrupted, counters
+
+
+def test_interrupted_request_continues_under_new_version(sglang_server, tiny_model_dir):
+    """A sample is interrupted by a weight update (pause_mode=abort): its first tokens carry
+    version v, the later v + 1.
+
+    The update re-sends the same weights, so greedy continuation (prompt + partial output, KV cache
+    recomputed) must reproduce the uninterrupted output exactly. Leaves the server at version 3.
+    """
+    # a second of generation before the update: the first segment has tokens of version 2
+    first, uninterrupted, _ = update_mid_request(
+        sglang_server, tiny_model_dir, PauseMode.abort, 2, settle_s=1.0
+    )
     for sample in first.samples:
         versions = sample.versions.tolist()
         assert sample.num_interruptions >= 1
@@ -185,52 +200,9 @@ def test_an_in_place_update_lands_mid_request_and_the_request_finishes_unsent(sg
 
     This is the deterministic check of what the e2e run (test_e2e_unprivileged) only sees when its
     timing happens to put a request in flight during an update."""
-    backend = trainer(tiny_model_dir)
-    tok = load_tokenizer(tiny_model_dir)
-    weights = dict(backend.iter_weights())
-    max_new = 400
-
-    async def go():
-        caster = Broadcaster(sglang_server, pause_mode=PauseMode.in_place)
-        await caster.publish(weights, version=4)  # the original weights, whatever ran before
-        data = DataConfig(num_eval_prompts=16)
-        candidates = eval_prompts(data, tok.encode)
-        plain = await generate_all(sglang_server, [p.input_ids for p in candidates], max_new, 1e-5)
-        index = max(range(len(plain)), key=lambda i: len(plain[i].output_ids))
-        assert len(plain[index].output_ids) >= 150, "no long greedy answer to update under"
-        stream = PromptStream(data, tok.encode)
-        stream.at = lambda i: dataclasses.replace(candidates[index], data_index=i)
-        pushed = []
-
-        async def push(group):
-            pushed.append(group)
-
-        ctl = RolloutController(
-            RolloutConfig(max_new_tokens=max_new, temperature=1e-5), AlgoConfig(batch_size=1, group_size=2, max_staleness=0),
-            caster.pool, ZeroScorer(), stream, tok.decode, push,
-        )  # fmt: skip
-        ctl.version = 4
-        admission = asyncio.create_task(ctl.admission_loop())
-        for _ in range(6000):  # the first request is on the server (60 s bound: admission under load)
-            if caster.pool.total_in_flight:
-                break
-            await asyncio.sleep(0.01)
-        assert caster.pool.total_in_flight, "no request reached the server in 60 s"
-        ctl.running.clear()
-        await caster.publish(weights, version=5)
-        ctl.on_version(5)
-        ctl.running.set()
-        for _ in range(600):
-            if any(g.data_index == 0 for g in pushed):
-                break
-            await asyncio.sleep(0.1)
-        await ctl.stop()
-        admission.cancel()
-        await caster.close()
-        return pushed, plain[index], ctl.counters
-
-    pushed, uninterrupted, counters = asyncio.run(go())
-    first = next(g for g in pushed if g.data_index == 0)  # admitted at version 4, before the update
+    first, uninterrupted, counters = update_mid_request(
+        sglang_server, tiny_model_dir, PauseMode.in_place, 4, settle_s=0.0
+    )
     assert counters.straddled_segments >= 1 and counters.interrupted_requests == 0
     assert counters.resubmitted_segments == 0
     for sample in first.samples:
