@@ -4,7 +4,7 @@ per-token tensors. One function, used by every backend.
 Per output token, with behaviour log-prob b (from the rollout server), proximal log-prob p
 (the pre-step policy's: algo.prox_logp, or b itself when algo.decoupled=false), current
 log-prob θ and the sample's advantage A:
-    r = exp(θ - p)                                  trust-region ratio (log-ratio not clamped)
+    r = exp(clamp(θ - p, ±20))                      trust-region ratio (log-ratio clamped as verl)
         importance_level=sequence (GSPO): r = exp(mean of θ - p over the sample's valid tokens)
     pg = max(-A r, -A clip(r, 1 - ε_low, 1 + ε_high))           clip-higher when ε_high > ε_low
     pg = min(pg, c |A|)            for A < 0 only                 dual clip, when c > 0
@@ -35,6 +35,11 @@ __all__ = ["LossStats", "kl_estimate", "loglinear_prox_logp", "ppo_loss", "token
 # |p - b| beyond this is clamped before exp: verl's SAFETY_BOUND (rollout correction, its TIS and
 # MIS weights). Without it float32 exp overflows at ~88.7 and drop mode's inf * 0 is NaN.
 BEHAV_LOG_RATIO_BOUND = 20.0
+# |θ - p| beyond this is clamped before exp: verl's compute_policy_loss clamps the log-ratio to
+# ±20 the same way. Unclamped, float32 exp(90) is inf: the loss stays finite (the clipped branch
+# wins the max) but torch.maximum's backward multiplies the losing branch's inf by 0: a NaN
+# gradient. Past the bound the clip has long taken over, so no gradient is lost that PPO keeps.
+RATIO_LOG_BOUND = 20.0
 # k3: verl's low_var_kl clamps x to ±20 before exp and the estimate to [-10, 10] (AReaL: the same
 # [-10, 10] on the estimate), so a token far from the reference adds at most 10, with no gradient
 K3_LOG_RATIO_BOUND = 20.0
@@ -91,6 +96,11 @@ def loglinear_prox_logp(
         v_b >= v_θ (a token of the current weights: p = b) or v_b < 0 (no generation version).
     So tokens 0 or 1 versions behind keep p = b; 2 behind get α = 1/2, 3 behind 2/3, ...
     behav_logp, logp [T] (logp is detached here), versions int [T]. Returns logp's dtype [T].
+
+    b is first held within ±BEHAV_LOG_RATIO_BOUND of θ, the bound the recomputed path's behaviour
+    weight has: a behaviour log-prob of -inf (a token the server sampled at probability 0 in float32)
+    would otherwise give -inf + α·inf = NaN, and with α = 0 a p of -inf and p - b = NaN. A b within
+    the bound, every real one, is used bit for bit.
     """
     dtype = logp.dtype
     v_b = versions.to(dtype)
@@ -98,8 +108,10 @@ def loglinear_prox_logp(
     usable = (span > 0) & (versions >= 0)
     alpha = torch.where(usable, (span - 1.0) / torch.where(usable, span, torch.ones_like(span)), 0.0)
     alpha = alpha.clamp(0.0, 1.0)
+    theta = logp.detach()
     behav = behav_logp.detach().to(dtype)
-    return behav + alpha * (logp.detach() - behav)
+    behav = torch.minimum(torch.maximum(behav, theta - BEHAV_LOG_RATIO_BOUND), theta + BEHAV_LOG_RATIO_BOUND)
+    return behav + alpha * (theta - behav)
 
 
 def _per_seq(values: torch.Tensor, seq_index: torch.Tensor, num_seqs: int) -> torch.Tensor:
@@ -167,7 +179,7 @@ def ppo_loss(
         affected = mask * outside.to(dtype)[seq_index]
         corrected = behav_weight * (1 - affected)
 
-    log_ratio = logp - prox_logp
+    log_ratio = (logp - prox_logp).clamp(-RATIO_LOG_BOUND, RATIO_LOG_BOUND)
     if algo.importance_level is ImportanceLevel.sequence:
         # GSPO as AReaL: the sample's geometric-mean ratio on each of its tokens, its gradient
         # spread over the tokens through the mean (masked tokens take no part)

@@ -273,3 +273,21 @@ def test_bad_shapes_raise():
 def test_invalid_settings_name_the_override(override, message):
     with pytest.raises(ValueError, match=message):
         AlgoConfig(**ALGO, **override)
+
+
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+def test_a_ratio_past_float32s_exp_range_gives_a_finite_gradient(adv):
+    """θ - p = 90 in float32: exp overflows to inf. With A = +1 the clipped branch wins the max and
+    the loss was finite, but torch.maximum's backward multiplied the losing branch's inf by 0: a NaN
+    gradient. The log-ratio is clamped at ±20 (verl's bound), past which the clip has taken over."""
+    theta = torch.tensor([90.0, -1.0], requires_grad=True)
+    prox = torch.tensor([0.0, -1.1])
+    algo = AlgoConfig(batch_size=1, group_size=2)
+    weight = torch.full((2,), 0.5)
+    loss, stats = ppo_loss(theta, prox, prox, torch.full((2,), adv), weight, torch.arange(2), algo)
+    (grad,) = torch.autograd.grad(loss, theta)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all(), (loss, grad)
+    assert float(grad[0]) == 0.0  # past the bound: no gradient either way (A < 0: clamp's zero slope)
+    # the in-range token keeps its exact PPO gradient: -A r a, r = e^0.1 (inside 1 ± 0.2)
+    assert float(grad[1]) == pytest.approx(-adv * math.exp(0.1) * 0.5, rel=1e-6)
+    assert math.isfinite(stats.ratio_sum)

@@ -140,3 +140,23 @@ def test_current_with_minibatches_recomputes_only_the_later_minibatches(tiny_mod
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
     for a, b in zip(current.model.parameters(), recompute.model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_a_behaviour_log_prob_of_minus_inf_gives_a_finite_proximal_loss_and_gradient(dtype):
+    """b = [-inf, -1], θ = [-2, -1], sampled at version 5 by a trainer at 5 (α = 0) and at 3 (α =
+    1/2): p holds b within ±20 of θ (the recomputed path's behaviour-weight bound), so p and the
+    loss and gradient are finite; before, -inf + α·inf and -inf - (-inf) were NaN. A real b is kept
+    bit for bit."""
+    behav = torch.tensor([-float("inf"), -1.0], dtype=dtype)
+    theta = torch.tensor([-2.0, -1.0], dtype=dtype, requires_grad=True)
+    for versions in (torch.tensor([5, 5]), torch.tensor([3, 3])):
+        prox = loglinear_prox_logp(behav, theta, versions, 5)
+        assert torch.isfinite(prox).all(), prox
+        assert float(prox[1]) == -1.0
+        algo = AlgoConfig(batch_size=1, group_size=2, prox_logp=ProxLogp.loglinear)
+        weight = torch.full((2,), 0.5, dtype=dtype)
+        loss, stats = ppo_loss(theta, prox, behav, torch.ones(2, dtype=dtype), weight, torch.arange(2), algo)
+        (grad,) = torch.autograd.grad(loss, theta)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all(), (loss, grad)
+        assert math.isfinite(stats.behav_weight_sum) and math.isfinite(stats.abs_diff_sum)
