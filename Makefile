@@ -7,7 +7,7 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install system-packages run test test-gpu test-unit lint format bench ablate clean ci warmstart vllm-venv eval scale
+.PHONY: install system-packages run test test-gpu test-unit lint format bench ablate clean ci warmstart warmstart-countdown vllm-venv eval scale
 # rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
 NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
@@ -39,7 +39,8 @@ run: install $(NEEDS_VLLM)
 # Evaluate a checkpoint (HF dir, a run's final_hf/, or checkpoints/step_N) on `builtin` or a JSONL
 # file: pass@1, pass@k, greedy accuracy, mean length, truncation rate; docs/evaluation.md.
 # make eval CKPT=runs/tiny-arith/final_hf DATA=builtin EVAL_ARGS="-n 8 --limit 128"
-CKPT ?= areal_jobs/data/builtin_model
+# make eval CKPT=runs/countdown/final_hf DATA=countdown (no CKPT: the task's warm start)
+CKPT ?= $(if $(filter countdown,$(DATA)),areal_jobs/data/builtin_model_countdown,areal_jobs/data/builtin_model)
 DATA ?= builtin
 EVAL_ARGS ?=
 eval: install $(if $(findstring vllm,$(EVAL_ARGS)),vllm-venv)
@@ -53,6 +54,10 @@ scale: install
 # Rebuild the committed built-in model (tokenizer + tiny Qwen2 + supervised warm start).
 warmstart: install
 	$(PY) -m areal_jobs.data.tiny_model --out areal_jobs/data/builtin_model
+
+# Rebuild the committed countdown warm start (make run EXP=countdown; data/countdown_model.py).
+warmstart-countdown: install
+	$(PY) -m areal_jobs.data.countdown_model --out areal_jobs/data/builtin_model_countdown
 
 # CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
 # TEST_WORKERS pytest-xdist workers (tests/conftest.py groups the tests that share a server or the

@@ -1,57 +1,70 @@
-"""`make ablate`: the paper's staleness ablation (Table 2) in miniature, on the built-in task.
+"""`make ablate`: where does staleness bite? Naive vs decoupled PPO at exact delays, on countdown.
 
-    python -m bench.ablate                                   # η ∈ {0,1,2,4,8} × {decoupled, naive} × 2 seeds
-    python -m bench.ablate --etas 0,8 --seeds 1 --steps 40 trainer.lr=6e-4   # key=value: launch.local overrides
-    python -m bench.ablate --lock /tmp/areal-heavy.lock     # each run holds that flock (shared machine)
+One command per table (bench/README.md, "Where staleness bites"):
 
-Every run is one `python -m launch.local` (as `make run` starts it), one after the other, with the
-same steps, data and prompt order (data.seed is not varied); a run differs only in
-algo.max_staleness (η), algo.decoupled (decoupled PPO recomputes the proximal policy; naive PPO
-uses the behaviour log-probs, the paper's baseline) and trainer.seed. From each run it reads
-summary.json (greedy_accuracy_end, accuracy_end = sampled pass@1) and metrics.jsonl (trained
-tokens/s, held-out accuracy per policy version). The regime is the paper's and AReaL's recipes'
-(boba_grpo.yaml): 4 minibatches per step (`algo.ppo_minibatches=4`: with one, π/π_prox is 1 on
-the only optimiser step and decoupled PPO's clip never acts) and the behaviour weight capped at 5
-(`algo.behav_weight_cap=5`, AReaL's `behave_imp_weight_cap`: drop tokens with exp(p - b) > 5);
-naive PPO has p = b, so w = 1 and the cap never acts there. Writes <out>/ablation.json (every run and the
-aggregated table), ablation.md (the table) and ablation.png (held-out accuracy against version per
-η, one panel per objective). A failing run is recorded with its error; the others still run and
-the exit code is then 1.
+    python -m bench.ablation_probe                 # first, no servers: gradient cosines per delay
+    python -m bench.ablate calibrate               # pre-clipped share per lr x delay (calibration.md)
+    python -m bench.ablate pilot --lr 1e-3         # 5 paired seeds at the largest delay (pilot.md)
+    python -m bench.ablate run --lr 1e-3 --seeds 1,2,3,4,5,6,7,8   # the ablation (ablation.md/png)
+    python -m bench.ablate table                   # re-aggregate every finished run, start no new one
+
+Every run is one `python -m launch.local experiment=countdown` (as `make run EXP=countdown`) with
+algo.exact_delay = algo.max_staleness = d (every batch trains samples exactly d versions old,
+from step d on), one arm (naive: algo.decoupled=false; decoupled: the behaviour weight capped at
+5; decoupled_nocap: no cap), trainer.lr, algo.ppo_minibatches and trainer.seed; data.seed is not
+varied, so seeds pair across arms. From each run it reads summary.json (held-out accuracy at start
+and end) and metrics.jsonl (training reward per step, offpolicy/* per step). `--reuse` takes runs
+that already finished in --run-root; `--budget-h H` starts no run after H hours (exit code 2:
+run the same command with --reuse to go on), so each part fits a window. Every command writes
+its outputs after each run; `key=value` arguments are launch.local overrides for every run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.ablation_table import OBJECTIVES, aggregate, curve_from_rows, markdown, mean_curves, tokens_per_s
+from bench.ablation_table import (
+    ARM_OVERRIDES,
+    ARMS,
+    ablation_markdown,
+    ablation_summary,
+    calibration_markdown,
+    calibration_table,
+    pairs_needed,
+    paired_differences,
+    record_from_rows,
+)
 from bench.harness import held_flock
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_TIMEOUT_S = 3600
+RUN_TIMEOUT_S = 3 * 3600
 LOCK_YIELD_S = 5.0  # after each run, time for another job waiting on the lock to take it
 # set per run by the ablation itself: an override of one of these is refused
-VARIED = (
-    "run.name",
-    "run.root",
-    "algo.max_staleness",
-    "algo.decoupled",
-    "trainer.seed",
-    "trainer.total_steps",
-)
-# the ablation's defaults, each replaced by an override of the same key: an evaluation every 20
-# steps gives the accuracy curves points between start and end (make run evaluates every 50)
+VARIED = ("run.name", "run.root", "algo.max_staleness", "algo.exact_delay", "algo.decoupled",
+          "algo.behav_weight_cap", "trainer.seed", "trainer.total_steps", "trainer.lr",
+          "algo.ppo_minibatches")  # fmt: skip
+# every run's settings unless an override of the same key replaces them: the countdown task,
+# held-out evaluation at the start and the end only (the reward curve is per step anyway)
 DEFAULTS = {
-    "run.eval_every_steps": "20",
+    "experiment": "countdown",
+    "run.eval_every_steps": "0",
     "run.tensorboard": "false",
     "checkpoint.resume": "false",
-    "algo.ppo_minibatches": "4",  # AReaL's ppo_n_minibatches in its async recipes
-    "algo.behav_weight_cap": "5",  # AReaL's behave_imp_weight_cap (drop mode, the default)
+    "checkpoint.every_steps": "0",
+}
+COMMANDS = {
+    # command: (arms, delays, seeds) defaults
+    "calibrate": ("decoupled", "0,32", "1"),
+    "pilot": ("naive,decoupled", "32", "1,2,3,4,5"),
+    "run": ("naive,decoupled,decoupled_nocap", "0,2,8,32", "1,2,3,4,5,6,7,8"),
+    "table": ("naive,decoupled,decoupled_nocap", "0,2,8,32", "1,2,3,4,5,6,7,8"),
 }
 
 
@@ -59,94 +72,166 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.ablate", description=__doc__.split("\n")[0])
-    p.add_argument("--etas", type=_ints, default=[0, 1, 2, 4, 8], help="algo.max_staleness values")
-    p.add_argument("--objectives", default="decoupled,naive", help="decoupled, naive or both")
-    p.add_argument("--seeds", type=_ints, default=[1, 2], help="trainer.seed values")
-    p.add_argument("--steps", type=int, default=60, help="trainer.total_steps of every run")
-    p.add_argument("--out", type=Path, default=REPO / "bench", help="where ablation.{json,md,png} go")
+    p.add_argument("command", choices=list(COMMANDS))
+    p.add_argument("--arms", default=None, help=f"comma-separated, of {','.join(ARMS)}")
+    p.add_argument("--delays", type=_ints, default=None, help="algo.exact_delay values")
+    p.add_argument("--seeds", type=_ints, default=None, help="trainer.seed values (paired across arms)")
+    p.add_argument("--lrs", "--lr", type=_floats, default=None, help="trainer.lr values (calibrate: 3e-4,1e-3,3e-3)")
+    p.add_argument("--minibatches", type=_ints, default=[4], help="algo.ppo_minibatches values")
+    p.add_argument("--steps", type=int, default=120, help="trainer.total_steps of every run")
+    p.add_argument("--effect", type=float, default=0.05, help="pilot: the difference to resolve")
+    p.add_argument("--out", type=Path, default=REPO / "bench", help="where the tables and the figure go")
     p.add_argument("--run-root", type=Path, default=REPO / "runs" / "ablate", help="run directories")
-    p.add_argument(
-        "--reuse",
-        action="store_true",
-        help="take runs that already finished in --run-root (summary.json, same steps) instead of rerunning them",
-    )
-    p.add_argument(
-        "--lock",
-        type=Path,
-        default=None,
-        help="hold an exclusive flock on this file during each run (other heavy jobs interleave between runs)",
-    )
-    p.add_argument("overrides", nargs="*", help="launch.local overrides shared by every run (key=value)")
-    args = p.parse_args(argv)
-    args.objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
-    unknown = set(args.objectives) - set(OBJECTIVES)
-    if unknown or not args.objectives:
-        p.error(f"--objectives: choose from {','.join(OBJECTIVES)} (got {sorted(unknown) or 'none'})")
-    if args.steps < 1 or not args.etas or not args.seeds or min(args.etas) < 0:
-        p.error("--steps >= 1, --etas (each >= 0) and --seeds must be non-empty")
+    p.add_argument("--reuse", action="store_true", help="take runs that already finished in --run-root")
+    p.add_argument("--budget-h", type=float, default=0.0, help="start no run after this many hours (0: none)")
+    p.add_argument("--lock", type=Path, default=None, help="hold this flock during each run (shared machine)")
+    p.add_argument("overrides", nargs="*", help="launch.local overrides for every run (key=value)")
+    args = p.parse_intermixed_args(argv)  # overrides may follow options
+    arms, delays, seeds = COMMANDS[args.command]
+    args.arms = [a.strip() for a in (args.arms or arms).split(",") if a.strip()]
+    args.delays = args.delays if args.delays is not None else _ints(delays)
+    args.seeds = args.seeds if args.seeds is not None else _ints(seeds)
+    if args.lrs is None:
+        args.lrs = [3e-4, 1e-3, 3e-3] if args.command == "calibrate" else [1e-3]
+    if set(args.arms) - set(ARMS) or not args.arms:
+        p.error(f"--arms: choose from {','.join(ARMS)} (got {args.arms})")
+    if args.steps < 1 or not args.delays or not args.seeds or min(args.delays) < 0:
+        p.error("--steps >= 1, --delays (each >= 0) and --seeds must be non-empty")
+    if args.command == "pilot" and "naive" not in args.arms:
+        p.error("the pilot pairs each arm with naive: include naive in --arms")
     for o in args.overrides:
         if "=" not in o:
             p.error(f"override {o!r} is not key=value")
         if o.split("=", 1)[0].lstrip("+") in VARIED:
-            p.error(
-                f"{o!r}: the ablation sets {', '.join(VARIED)} itself (--etas, --objectives, --seeds, --steps)"
-            )
+            p.error(f"{o!r}: the ablation sets {', '.join(VARIED)} itself (its options)")
     given = {o.split("=", 1)[0].lstrip("+") for o in args.overrides}
     args.overrides = [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given] + args.overrides
     return args
 
 
-def _held(lock: Path | None):
-    """An exclusive flock on `lock` for one run, then LOCK_YIELD_S for the other waiters."""
-    return held_flock(lock, LOCK_YIELD_S)
-
-
-def run_one(args: argparse.Namespace, eta: int, objective: str, seed: int) -> dict:
-    """One launch.local run; its record for ablation_table (or one with "error")."""
-    name = f"eta{eta}-{objective}-s{seed}"
-    record: dict = {"eta": eta, "objective": objective, "seed": seed, "run_dir": str(args.run_root / name)}
-    cmd = [
-        sys.executable, "-m", "launch.local", f"run.name={name}", f"run.root={args.run_root}",
-        f"algo.max_staleness={eta}", f"algo.decoupled={str(objective == 'decoupled').lower()}",
-        f"trainer.seed={seed}", f"trainer.total_steps={args.steps}", *args.overrides,
+def plan(args: argparse.Namespace) -> list[dict]:
+    """Every run of the command, seed-major (a part cut short holds whole pairs of its first
+    seeds), then lr, minibatches, delay, arm."""
+    return [
+        {"arm": arm, "lr": lr, "minibatches": mb, "delay": d, "seed": seed, "steps": args.steps}
+        for seed in args.seeds for lr in args.lrs for mb in args.minibatches for d in args.delays
+        for arm in args.arms
     ]  # fmt: skip
-    run_dir = args.run_root / name
-    summary_path = run_dir / "summary.json"
-    finished = summary_path.exists() and json.loads(summary_path.read_text()).get("steps") == args.steps
-    if args.reuse and finished:
-        record["wall_s"] = json.loads(summary_path.read_text()).get("wall_s")
-        record["reused"] = True
-    else:
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        with _held(args.lock):
-            t0 = time.monotonic()
-            result = subprocess.run(
-                cmd, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env
-            )
-            record["wall_s"] = round(time.monotonic() - t0, 1)
-        if result.returncode != 0 or not summary_path.exists():
-            record["error"] = f"launch.local exit {result.returncode}: {result.stderr[-1500:]}"
-            return record
-    summary = json.loads(summary_path.read_text())
+
+
+def run_name(cell: dict) -> str:
+    return f"{cell['arm']}-lr{cell['lr']:g}-mb{cell['minibatches']}-d{cell['delay']}-s{cell['seed']}-n{cell['steps']}"
+
+
+def launch_cmd(args: argparse.Namespace, cell: dict) -> list[str]:
+    return [
+        sys.executable, "-m", "launch.local", f"run.name={run_name(cell)}", f"run.root={args.run_root}",
+        f"algo.exact_delay={cell['delay']}", f"algo.max_staleness={cell['delay']}",
+        *ARM_OVERRIDES[cell["arm"]], f"trainer.lr={cell['lr']}", f"algo.ppo_minibatches={cell['minibatches']}",
+        f"trainer.seed={cell['seed']}", f"trainer.total_steps={cell['steps']}", *args.overrides,
+    ]  # fmt: skip
+
+
+def read_record(run_dir: Path, cell: dict) -> dict:
+    """The run's record (bench/ablation_table.py) from its summary.json and metrics.jsonl."""
+    summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    record.update(
-        greedy_start=summary.get("greedy_accuracy_start"),
-        sampled_start=summary.get("accuracy_start"),
-        greedy_end=summary.get("greedy_accuracy_end"),
-        sampled_end=summary.get("accuracy_end"),
-        steps=summary.get("steps"),
-        max_staleness_seen=summary.get("max_staleness_seen"),
-        tokens_per_s=tokens_per_s(rows),
-        curve=curve_from_rows(rows),
+    return {
+        **cell,
+        "run_dir": str(run_dir),
+        "wall_s": summary.get("wall_s"),
+        "greedy_start": summary.get("greedy_accuracy_start"),
+        "greedy_end": summary.get("greedy_accuracy_end"),
+        "sampled_start": summary.get("accuracy_start"),
+        "sampled_end": summary.get("accuracy_end"),
+        "max_staleness_seen": summary.get("max_staleness_seen"),
+        **record_from_rows(rows, cell["delay"]),
+    }
+
+
+def finished(run_dir: Path, steps: int) -> bool:
+    summary = run_dir / "summary.json"
+    return summary.exists() and json.loads(summary.read_text()).get("steps") == steps
+
+
+def run_one(args: argparse.Namespace, cell: dict) -> dict:
+    """One launch.local run (or its finished directory under --reuse): its record, or one with "error"."""
+    run_dir = args.run_root / run_name(cell)
+    if args.reuse and finished(run_dir, cell["steps"]):
+        return {**read_record(run_dir, cell), "reused": True}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with held_flock(args.lock, LOCK_YIELD_S):
+        t0 = time.monotonic()
+        result = subprocess.run(
+            launch_cmd(args, cell), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env
+        )
+        wall = round(time.monotonic() - t0, 1)
+    if result.returncode != 0 or not finished(run_dir, cell["steps"]):
+        return {**cell, "run_dir": str(run_dir), "wall_s": wall,
+                "error": f"launch.local exit {result.returncode}: {result.stderr[-1500:]}"}  # fmt: skip
+    (run_dir / "cell.json").write_text(json.dumps(cell))
+    return {**read_record(run_dir, cell), "launch_wall_s": wall}
+
+
+def collect(run_root: Path) -> list[dict]:
+    """`table`: every finished run under run_root that an ablation command started (cell.json)."""
+    records = []
+    for cell_file in sorted(run_root.glob("*/cell.json")):
+        cell = json.loads(cell_file.read_text())
+        if finished(cell_file.parent, cell["steps"]):
+            records.append(read_record(cell_file.parent, cell))
+    return records
+
+
+def write_outputs(args: argparse.Namespace, runs: list[dict]) -> str:
+    """The command's table(s), after every run: an interrupted part keeps what it measured."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {"command": args.command, "arms": args.arms, "lrs": args.lrs, "minibatches": args.minibatches,
+                "delays": args.delays, "seeds": args.seeds, "steps": args.steps, "overrides": args.overrides}  # fmt: skip
+    if args.command == "calibrate":
+        table = calibration_table(runs)
+        text = calibration_markdown(table)
+        (args.out / "calibration.json").write_text(json.dumps({"settings": settings, "table": table, "runs": runs}, indent=2))
+        (args.out / "calibration.md").write_text(text + "\n")
+        return text
+    cells = ablation_summary(runs)
+    text = ablation_markdown(cells)
+    name = "pilot" if args.command == "pilot" else "ablation"
+    if args.command == "pilot":
+        text += "\n\n" + pilot_markdown(runs, args.arms, args.effect)
+    (args.out / f"{name}.json").write_text(
+        json.dumps({"settings": settings, "cells": cells, "runs": runs}, indent=2, default=list)
     )
-    return record
+    (args.out / f"{name}.md").write_text(text + "\n")
+    return text
 
 
-def plot(runs: list[dict], objectives: list[str], path: Path) -> Path | None:
-    """Held-out accuracy against policy version: one panel per objective, one colour per η,
-    sampled (pass@1) solid, greedy dashed; each curve the mean over seeds."""
+def pilot_markdown(runs: list[dict], arms: list[str], effect: float) -> str:
+    """The spread of the per-seed differences and the pairs it takes to resolve a difference the
+    size of that spread, and of `effect`."""
+    lines = ["| cell (lr/mb/delay) | comparison | outcome | pairs | sd of the differences | pairs for sd | "
+             f"pairs for {effect:g} |", "|" + " --- |" * 7]  # fmt: skip
+    for arm in [a for a in arms if a != "naive"]:
+        for outcome in ("sampled_end", "greedy_end", "reward_auc"):
+            for cell, d in paired_differences(runs, arm, outcome).items():
+                sd = d.get("sd", 0.0)
+                lines.append(
+                    f"| {'/'.join(f'{x:g}' for x in cell)} | {arm} - naive | {outcome} | {d['n']} | {sd:.4f} | "
+                    f"{pairs_needed(sd, sd) if sd > 0 else '-'} | {pairs_needed(sd, effect) if sd > 0 else '-'} |"
+                )
+    return "\n".join(lines)
+
+
+def plot(cells: dict, path: Path) -> Path | None:
+    """The headline figure: decoupled - naive in final held-out accuracy (left) and in training
+    reward AUC (right) against the cell's pre-clipped share, pooled over lr and delay, with the
+    paired bootstrap 95% intervals; one series per decoupled arm."""
     try:
         import matplotlib
 
@@ -155,69 +240,83 @@ def plot(runs: list[dict], objectives: list[str], path: Path) -> Path | None:
     except ImportError:
         print("matplotlib missing: no plot written", file=sys.stderr)
         return None
-    etas = sorted({r["eta"] for r in runs})
-    colours = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(
-        1, len(objectives), figsize=(6.5 * len(objectives), 4.2), sharey=True, squeeze=False
-    )
-    for ax, objective in zip(axes[0], objectives):
-        for eta, curves in mean_curves(runs, objective).items():
-            colour = colours(etas.index(eta) / max(len(etas) - 1, 1))
-            if curves["sampled"]:
-                ax.plot(*zip(*curves["sampled"]), "o-", color=colour, label=f"η={eta} sampled")
-            if curves["greedy"]:
-                ax.plot(*zip(*curves["greedy"]), "s--", color=colour, alpha=0.7, label=f"η={eta} greedy")
-        ax.set_title(f"{objective} PPO")
-        ax.set_xlabel("policy version (training steps)")
-        ax.set_ylim(0, 1)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    styles = {"decoupled-naive": ("o", "tab:blue", "decoupled (cap 5) - naive"),
+              "decoupled_nocap-naive": ("s", "tab:orange", "decoupled (no cap) - naive")}  # fmt: skip
+    for ax, outcome, label in ((axes[0], "sampled_end", "final held-out accuracy (sampled)"),
+                               (axes[1], "reward_auc", "training reward AUC (mean reward per step)")):  # fmt: skip
+        for key, (marker, colour, name) in styles.items():
+            xs, ys, lo, hi, tags = [], [], [], [], []
+            for c in cells.values():
+                d, share = c["paired"][key][outcome], c["mechanism"]["preclip"]
+                if d is None or share is None:
+                    continue
+                ci = d["ci95"] or (d["mean"], d["mean"])
+                xs.append(share["mean"])
+                ys.append(d["mean"])
+                lo.append(d["mean"] - ci[0])
+                hi.append(ci[1] - d["mean"])
+                tags.append(f"lr {c['lr']:g}, d {c['delay']}")
+            if xs:
+                ax.errorbar(xs, ys, yerr=[lo, hi], fmt=marker, color=colour, capsize=3, label=name)
+                for x, y, t in zip(xs, ys, tags, strict=True):
+                    ax.annotate(t, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_xlabel("pre-clipped share of tokens (offpolicy/preclip_fraction)")
+        ax.set_ylabel(f"difference in {label}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right", ncol=2)
-    axes[0][0].set_ylabel("held-out accuracy")
+        ax.legend(fontsize=8)
+    fig.suptitle("decoupled vs naive PPO on countdown: paired by seed, 95% bootstrap intervals")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def write(args: argparse.Namespace, runs: list[dict]) -> str:
-    table = aggregate(runs)
-    text = markdown(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = {"etas": args.etas, "objectives": args.objectives, "seeds": args.seeds,
-                "steps": args.steps, "overrides": args.overrides}  # fmt: skip
-    (args.out / "ablation.json").write_text(
-        json.dumps({"settings": settings, "table": table, "runs": runs}, indent=2)
-    )
-    (args.out / "ablation.md").write_text(text + "\n")
-    return text
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # seed-major: an ablation cut short still has a whole table for its first seeds
-    plan = [(e, o, s) for s in args.seeds for e in args.etas for o in args.objectives]
-    runs: list[dict] = []
     t_start = time.monotonic()
-    for i, (eta, objective, seed) in enumerate(plan, 1):
-        print(f"[{i}/{len(plan)}] η={eta} {objective} seed={seed} ...", flush=True)
-        record = run_one(args, eta, objective, seed)
+    if args.command == "table":
+        runs = collect(args.run_root)
+        text = write_outputs(args, runs)
+        png = plot(ablation_summary(runs), args.out / "ablation.png")
+        print(text)
+        print(f"{len(runs)} runs from {args.run_root}" + (f"; wrote {png}" if png else ""))
+        return 0
+    todo, runs, stopped = plan(args), [], False
+    for i, cell in enumerate(todo, 1):
+        elapsed_h = (time.monotonic() - t_start) / 3600
+        if args.budget_h and elapsed_h > args.budget_h and not (args.reuse and finished(args.run_root / run_name(cell), cell["steps"])):
+            stopped = True
+            continue  # finished runs are still collected below; unfinished ones wait for the next part
+        print(f"[{i}/{len(todo)}] {run_name(cell)} ...", flush=True)
+        record = run_one(args, cell)
         runs.append(record)
         if "error" in record:
             print(f"  FAILED after {record['wall_s']} s: {record['error'][-600:]}", flush=True)
         else:
             print(
-                f"  greedy {record['greedy_start']:.3f} -> {record['greedy_end']:.3f}, sampled "
-                f"{record['sampled_start']:.3f} -> {record['sampled_end']:.3f}, "
-                f"{record['tokens_per_s'] or 0:.0f} trained tokens/s, {record['wall_s']} s "
-                f"(elapsed {time.monotonic() - t_start:.0f} s)",
+                f"  sampled {record['sampled_start']:.3f} -> {record['sampled_end']:.3f}, greedy "
+                f"{record['greedy_start']:.3f} -> {record['greedy_end']:.3f}, reward AUC {record['reward_auc']:.3f}, "
+                f"pre-clipped {_pct(record['preclip'])}, {record['wall_s']} s (elapsed {time.monotonic() - t_start:.0f} s)",
                 flush=True,
             )
-        write(args, runs)  # after every run: an interrupted ablation keeps what it measured
-    text = write(args, runs)
-    png = plot(runs, args.objectives, args.out / "ablation.png")
+        write_outputs(args, runs)
+    text = write_outputs(args, runs)
+    if args.command in ("run", "pilot"):
+        png = plot(ablation_summary(runs), args.out / f"{'pilot' if args.command == 'pilot' else 'ablation'}.png")
+        if png:
+            print(f"wrote {png}")
     print(text)
-    print(f"wrote {args.out / 'ablation.json'}, {args.out / 'ablation.md'}" + (f", {png}" if png else ""))
+    print(f"wall clock {time.monotonic() - t_start:.0f} s for {len(runs)} runs")
+    if stopped:
+        print(f"--budget-h {args.budget_h} reached: run the same command with --reuse to go on")
+        return 2
     return 1 if any("error" in r for r in runs) else 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
 if __name__ == "__main__":

@@ -1,123 +1,234 @@
-"""The staleness ablation's pure half: one record per run -> the paper's Table 2 layout.
+"""The staleness ablation's pure half: run records -> calibration table, paired differences with
+bootstrap intervals, the pilot's pair count, markdown.
 
 A run record (what bench/ablate.py reads back from one launch.local run) is a dict:
-  eta, objective ("decoupled" | "naive"), seed, greedy_end, sampled_end, tokens_per_s,
-  curve: [[policy version, sampled accuracy (eval/pass@1) or None, greedy accuracy or None], ...]
-Failed runs carry "error" and are left out of the table (the table says how many seeds it used).
+  arm ("naive" | "decoupled" | "decoupled_nocap"), lr, minibatches, delay, seed,
+  greedy_start/end, sampled_start/end (held-out accuracy), reward_auc (mean training reward over
+  the steps), preclip, preclip_cut, abs_log_w_p99, ess, clip_fraction (means over the steps at
+  the full delay: offpolicy/* and ppo/clip_fraction), wall_s.
+Failed runs carry "error" and are left out (the tables say how many seeds they used).
 
-Across seeds a cell is the mean and the half-range ((max - min) / 2): with 2 seeds that is the
-distance from the mean to either seed, so "0.62 ± 0.03" means the seeds gave 0.59 and 0.65.
+A cell is (lr, minibatches, delay). Arms are paired by seed: the same trainer.seed (and the same
+prompt order, data.seed is not varied) for every arm, so a paired difference removes what the
+seed does to both.
 """
 
 from __future__ import annotations
 
-OBJECTIVES = ("decoupled", "naive")
-COLUMNS = ("greedy_end", "sampled_end", "tokens_per_s")
+import math
+import random
+
+ARMS = ("naive", "decoupled", "decoupled_nocap")
+# how each arm sets the objective (launch.local overrides)
+ARM_OVERRIDES = {
+    "naive": ("algo.decoupled=false",),
+    "decoupled": ("algo.decoupled=true", "algo.behav_weight_cap=5"),
+    "decoupled_nocap": ("algo.decoupled=true", "algo.behav_weight_cap=0"),
+}
+OUTCOMES = ("greedy_end", "sampled_end", "reward_auc")
+MECHANISM = ("preclip", "preclip_cut", "abs_log_w_p99", "ess", "clip_fraction")
+BOOTSTRAP_RESAMPLES = 10_000
+# pairs for 80% power at a two-sided 5% level: (1.96 + 0.84)^2 = 7.85 x (spread / effect)^2
+POWER_FACTOR = 7.85
 
 
-def mean_spread(values: list[float]) -> dict[str, float] | None:
-    """Mean and half-range of the finite values; None when there is none."""
-    xs = [float(v) for v in values if v is not None]
+def cell_key(r: dict) -> tuple[float, int, int]:
+    return (float(r["lr"]), int(r["minibatches"]), int(r["delay"]))
+
+
+def mean_sd(values: list[float]) -> dict[str, float] | None:
+    """Mean, sample standard deviation (n - 1; 0 for one value) and n of the finite values."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not xs:
         return None
-    return {"mean": sum(xs) / len(xs), "spread": (max(xs) - min(xs)) / 2, "n": len(xs)}
+    mean = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return {"mean": mean, "sd": sd, "n": len(xs)}
 
 
-def aggregate(runs: list[dict]) -> dict[str, dict[str, dict]]:
-    """{str(eta): {objective: {column: mean_spread, "seeds": n}}} over the runs without error."""
-    table: dict[str, dict[str, dict]] = {}
-    ok = [r for r in runs if "error" not in r]
-    for eta in sorted({r["eta"] for r in runs}):
-        row = {}
-        for objective in OBJECTIVES:
-            cell_runs = [r for r in ok if r["eta"] == eta and r["objective"] == objective]
-            if not [r for r in runs if r["eta"] == eta and r["objective"] == objective]:
-                continue  # this objective was not part of the ablation
-            cell = {col: mean_spread([r.get(col) for r in cell_runs]) for col in COLUMNS}
-            cell["seeds"] = len(cell_runs)
-            row[objective] = cell
-        table[str(eta)] = row
-    return table
+def bootstrap_ci(values: list[float], level: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the mean (BOOTSTRAP_RESAMPLES resamples with replacement,
+    a fixed RNG seed: the same records give the same interval); None below two values."""
+    xs = [float(v) for v in values]
+    if len(xs) < 2:
+        return None
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(xs, k=len(xs))) / len(xs) for _ in range(BOOTSTRAP_RESAMPLES))
+    tail = (1 - level) / 2
+    return means[int(tail * BOOTSTRAP_RESAMPLES)], means[min(int((1 - tail) * BOOTSTRAP_RESAMPLES), BOOTSTRAP_RESAMPLES - 1)]
 
 
-def _fmt(stat: dict | None, digits: int) -> str:
+def ok_runs(runs: list[dict]) -> list[dict]:
+    return [r for r in runs if "error" not in r]
+
+
+def paired_differences(runs: list[dict], arm: str, outcome: str) -> dict[tuple, dict]:
+    """Per cell: `arm` minus naive in `outcome`, seed by seed (seeds with both runs finished):
+    the differences, their mean and sd, and the bootstrap 95% interval of the mean."""
+    by = {(cell_key(r), r["arm"], r["seed"]): r for r in ok_runs(runs)}
+    out: dict[tuple, dict] = {}
+    for cell in sorted({cell_key(r) for r in ok_runs(runs)}):
+        diffs, seeds = [], []
+        for seed in sorted({s for (c, a, s) in by if c == cell and a == arm}):
+            a, n = by.get((cell, arm, seed)), by.get((cell, "naive", seed))
+            if a is None or n is None or a.get(outcome) is None or n.get(outcome) is None:
+                continue
+            diffs.append(float(a[outcome]) - float(n[outcome]))
+            seeds.append(seed)
+        if diffs:
+            out[cell] = {"diffs": diffs, "seeds": seeds, **(mean_sd(diffs) or {}), "ci95": bootstrap_ci(diffs)}
+    return out
+
+
+def cell_mechanism(runs: list[dict]) -> dict[tuple, dict]:
+    """Per cell: each mechanism statistic averaged over every arm's and seed's runs (the regime's
+    pre-clipped share: the same policy drift whatever the objective, as the unit tests check)."""
+    out: dict[tuple, dict] = {}
+    for cell in sorted({cell_key(r) for r in ok_runs(runs)}):
+        chosen = [r for r in ok_runs(runs) if cell_key(r) == cell]
+        out[cell] = {k: mean_sd([r.get(k) for r in chosen]) for k in MECHANISM}
+    return out
+
+
+def pairs_needed(sd: float, effect: float) -> int:
+    """Seed pairs to detect a mean paired difference `effect` given the pilot's spread `sd`."""
+    if effect <= 0:
+        raise ValueError("effect must be > 0")
+    return max(2, math.ceil(POWER_FACTOR * (sd / effect) ** 2))
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _ms(stat: dict | None, digits: int = 3) -> str:
     if stat is None:
         return "-"
-    if stat["n"] < 2:
-        return f"{stat['mean']:.{digits}f}"
-    return f"{stat['mean']:.{digits}f} ± {stat['spread']:.{digits}f}"
+    return f"{stat['mean']:.{digits}f}" + (f" ± {stat['sd']:.{digits}f}" if stat["n"] > 1 else "")
 
 
-def markdown(table: dict[str, dict[str, dict]]) -> str:
-    """Rows η; per objective: final greedy and sampled held-out accuracy, trained tokens/s."""
-    objectives = [o for o in OBJECTIVES if any(o in row for row in table.values())]
-    header = ["η"]
-    for o in objectives:
-        header += [f"{o} greedy", f"{o} sampled", f"{o} tokens/s"]
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for eta, row in table.items():
-        cells = [eta]
-        for o in objectives:
-            cell = row.get(o)
-            if cell is None:
-                cells += ["-", "-", "-"]
-                continue
-            cells += [
-                _fmt(cell["greedy_end"], 3),
-                _fmt(cell["sampled_end"], 3),
-                _fmt(cell["tokens_per_s"], 0),
-            ]
+def calibration_table(runs: list[dict]) -> dict:
+    """Rows (lr, minibatches); per delay the mean pre-clipped share (and the share naive's clip
+    cuts), and at delay 0 whether the policy learns (held-out sampled and greedy accuracy end -
+    start, training reward AUC)."""
+    rows: dict[str, dict] = {}
+    runs = ok_runs(runs)
+    for lr, mb in sorted({(float(r["lr"]), int(r["minibatches"])) for r in runs}):
+        row: dict = {"lr": lr, "minibatches": mb, "delays": {}}
+        for delay in sorted({int(r["delay"]) for r in runs if float(r["lr"]) == lr and int(r["minibatches"]) == mb}):
+            chosen = [r for r in runs if cell_key(r) == (lr, mb, delay)]
+            row["delays"][str(delay)] = {
+                "preclip": mean_sd([r.get("preclip") for r in chosen]),
+                "preclip_cut": mean_sd([r.get("preclip_cut") for r in chosen]),
+                "abs_log_w_p99": mean_sd([r.get("abs_log_w_p99") for r in chosen]),
+                "sampled_gain": mean_sd([_gain(r, "sampled") for r in chosen]),
+                "greedy_gain": mean_sd([_gain(r, "greedy") for r in chosen]),
+                "reward_auc": mean_sd([r.get("reward_auc") for r in chosen]),
+                "runs": len(chosen),
+            }
+        rows[f"{lr:g}/{mb}"] = row
+    return rows
+
+
+def _gain(r: dict, kind: str) -> float | None:
+    end, start = r.get(f"{kind}_end"), r.get(f"{kind}_start")
+    return None if end is None or start is None else float(end) - float(start)
+
+
+def calibration_markdown(table: dict) -> str:
+    delays = sorted({int(d) for row in table.values() for d in row["delays"]})
+    head = ["lr", "minibatches"] + [f"pre-clipped (cut) d={d}" for d in delays]
+    head += [f"|log w| p99 d={delays[-1]}", "d=0: Δ sampled", "d=0: Δ greedy", "d=0: reward AUC"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in table.values():
+        cells = [f"{row['lr']:g}", str(row["minibatches"])]
+        for d in delays:
+            c = row["delays"].get(str(d))
+            cells.append("-" if c is None else f"{_ms(c['preclip'])} ({_ms(c['preclip_cut'])})")
+        last, zero = row["delays"].get(str(delays[-1])), row["delays"].get("0")
+        cells.append(_ms(last["abs_log_w_p99"]) if last else "-")
+        cells += [_ms(zero[k]) if zero else "-" for k in ("sampled_gain", "greedy_gain", "reward_auc")]
         lines.append("| " + " | ".join(cells) + " |")
-    seeds = sorted({c["seeds"] for row in table.values() for c in row.values()})
     lines.append("")
     lines.append(
-        f"mean ± half-range over seeds ({'/'.join(map(str, seeds)) or 0} per cell); held-out accuracy at the end"
+        "pre-clipped: share of tokens whose w = π_pre / π_behav is outside [1 - ε, 1 + ε] at the step's "
+        "start (offpolicy/preclip_fraction), mean over the steps at the full delay; in brackets the share "
+        "naive PPO's clip cuts. Δ: held-out accuracy end - start. mean ± sd over the runs of a cell."
     )
     return "\n".join(lines)
 
 
-def mean_curves(runs: list[dict], objective: str) -> dict[int, dict[str, list[tuple[int, float]]]]:
-    """Per η: the held-out accuracy curves of `objective`, averaged over seeds at each version
-    (a version some seed did not evaluate is averaged over the seeds that did)."""
-    out: dict[int, dict[str, list[tuple[int, float]]]] = {}
-    for eta in sorted({r["eta"] for r in runs}):
-        chosen = [r for r in runs if r["eta"] == eta and r["objective"] == objective and "error" not in r]
-        if not chosen:
-            continue
-        curves = {}
-        for index, name in ((1, "sampled"), (2, "greedy")):
-            by_version: dict[int, list[float]] = {}
-            for r in chosen:
-                for point in r["curve"]:
-                    if point[index] is not None:
-                        by_version.setdefault(int(point[0]), []).append(float(point[index]))
-            curves[name] = [(v, sum(xs) / len(xs)) for v, xs in sorted(by_version.items())]
-        out[eta] = curves
-    return out
+def ablation_summary(runs: list[dict]) -> dict:
+    """Everything the ablation table and figure show: per cell and arm the outcomes, the cell's
+    mechanism statistics, and the paired differences of each decoupled arm against naive."""
+    cells = {}
+    mechanism = cell_mechanism(runs)
+    for cell in sorted({cell_key(r) for r in ok_runs(runs)}):
+        arms = {}
+        for arm in ARMS:
+            chosen = [r for r in ok_runs(runs) if cell_key(r) == cell and r["arm"] == arm]
+            if chosen:
+                arms[arm] = {k: mean_sd([r.get(k) for r in chosen]) for k in OUTCOMES}
+                arms[arm]["seeds"] = sorted(r["seed"] for r in chosen)
+        diffs = {
+            f"{arm}-naive": {o: paired_differences(runs, arm, o).get(cell) for o in OUTCOMES}
+            for arm in ARMS[1:]
+        }
+        cells["/".join(f"{x:g}" for x in cell)] = {
+            "lr": cell[0], "minibatches": cell[1], "delay": cell[2], "arms": arms,
+            "mechanism": mechanism[cell], "paired": diffs,
+        }  # fmt: skip
+    return cells
 
 
-WARMUP_STEPS = 2  # the first steps pay for compilation, cache warm-up and the first weight update
+def ablation_markdown(cells: dict) -> str:
+    head = ["lr", "mb", "delay", "pre-clipped (cut)", "naive sampled", "decoupled sampled", "no-cap sampled",
+            "decoupled - naive: sampled [95% CI]", "greedy [95% CI]", "reward AUC [95% CI]",
+            "no cap - naive: sampled [95% CI]", "pairs"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in cells.values():
+        mech = c["mechanism"]
+        row = [f"{c['lr']:g}", str(c["minibatches"]), str(c["delay"]), f"{_ms(mech['preclip'])} ({_ms(mech['preclip_cut'])})"]
+        for arm in ARMS:
+            row.append(_ms(c["arms"].get(arm, {}).get("sampled_end")))
+        for arm, outcome in (("decoupled", "sampled_end"), ("decoupled", "greedy_end"), ("decoupled", "reward_auc"),
+                             ("decoupled_nocap", "sampled_end")):  # fmt: skip
+            d = c["paired"][f"{arm}-naive"][outcome]
+            row.append("-" if d is None else f"{d['mean']:+.3f} [{_ci(d['ci95'])}]")
+        d = c["paired"]["decoupled-naive"]["sampled_end"]
+        row.append(str(len(d["diffs"])) if d else "0")
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append(
+        "sampled / greedy: held-out accuracy at the end (mean ± sd over seeds); reward AUC: mean training "
+        "reward over the steps. Differences are paired by seed (same trainer.seed and prompts), mean and "
+        f"percentile-bootstrap 95% interval ({BOOTSTRAP_RESAMPLES} resamples)."
+    )
+    return "\n".join(lines)
 
 
-def curve_from_rows(rows: list[dict]) -> list[list]:
-    """[[version, sampled, greedy], ...] from metrics.jsonl: eval rows are keyed to the policy
-    version they measured (eval/version, eval/greedy_version), not to the step they arrived at."""
-    points: dict[int, list] = {}
-    for r in rows:
-        for slot, key, version_key in (
-            (0, "eval/pass@1", "eval/version"),
-            (1, "eval/greedy", "eval/greedy_version"),
-        ):
-            if key in r:
-                points.setdefault(int(r.get(version_key, r["step"])), [None, None])[slot] = r[key]
-    return [[v, s, g] for v, (s, g) in sorted(points.items())]
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "-" if ci is None else f"{ci[0]:+.3f}, {ci[1]:+.3f}"
 
 
-def tokens_per_s(rows: list[dict]) -> float | None:
-    """Trained tokens per second of step wall time, the warm-up steps left out (all steps when
-    the run is shorter than that): sum(train/num_tokens) / sum(time/step_s)."""
-    steps = [r for r in rows if "time/step_s" in r and "train/num_tokens" in r]
-    if len(steps) > WARMUP_STEPS:
-        steps = steps[WARMUP_STEPS:]
-    wall = sum(r["time/step_s"] for r in steps)
-    return sum(r["train/num_tokens"] for r in steps) / wall if wall > 0 else None
+def mean_after(rows: list[dict], key: str, first_step: int) -> float | None:
+    """Mean of `key` over the metric rows with step >= first_step (None when none has it)."""
+    xs = [r[key] for r in rows if key in r and r.get("step", 0) >= first_step]
+    return sum(xs) / len(xs) if xs else None
+
+
+def record_from_rows(rows: list[dict], delay: int) -> dict[str, float | None]:
+    """The per-run statistics from metrics.jsonl: mechanism means over the steps at the full delay
+    (step > delay: the ramp left out), the training reward's area under the curve (its mean over
+    every step)."""
+    train = [r for r in rows if "train/version" in r]
+    first = delay + 1
+    return {
+        "reward_auc": mean_after(train, "reward/mean", 0),
+        "preclip": mean_after(train, "offpolicy/preclip_fraction", first),
+        "preclip_cut": mean_after(train, "offpolicy/preclip_cut_fraction", first),
+        "abs_log_w_p99": mean_after(train, "offpolicy/abs_log_w_p99", first),
+        "ess": mean_after(train, "offpolicy/ess", first),
+        "clip_fraction": mean_after(train, "ppo/clip_fraction", first),
+        "steps_at_delay": float(sum(1 for r in train if r.get("staleness/min") == delay == r.get("staleness/max"))),
+    }

@@ -10,10 +10,14 @@ from areal_jobs.config.lora import LoraConfig
 
 class Dataset(enum.Enum):
     arith = "arith"  # the built-in, code-generated multi-step arithmetic task
+    countdown = "countdown"  # the second built-in task: make a target from three digits (data/countdown_task.py)
     gsm8k = "gsm8k"  # GSM8K-style JSONL: {"question", "answer"} with "#### <answer>"
     math = "math"  # MATH-style JSONL: {"problem", "solution"} with \boxed{...}
     humaneval = "humaneval"  # HumanEval JSONL: prompt + check(candidate) tests
     code_stdio = "code_stdio"  # JSONL: {"prompt", "tests": [{"input", "output"}]}
+
+
+BUILTIN_DATASETS = (Dataset.arith, Dataset.countdown)  # generated in code: no train_path
 
 
 class DType(enum.Enum):
@@ -60,7 +64,7 @@ class DataConfig:
     prompt_template: str = ""  # str.format over the row's fields, e.g. "{problem}\n{choices}"
 
     def __post_init__(self) -> None:
-        if self.dataset is not Dataset.arith and not self.train_path:
+        if self.dataset not in BUILTIN_DATASETS and not self.train_path:
             raise ValueError(f"data.dataset={self.dataset.value} needs data.train_path=<file.jsonl>")
         if self.num_eval_prompts < 0:
             raise ValueError("data.num_eval_prompts must be >= 0")

@@ -35,6 +35,7 @@ class DatasetLayout:
 
 LAYOUTS = {
     Dataset.arith: DatasetLayout("prompt", ("answer",), "", "{user}"),
+    Dataset.countdown: DatasetLayout("prompt", ("answer",), "", "{user}"),
     # DeepSeek-R1 / AReaL / verl math recipes: step by step, final answer boxed (GSM8K's reward
     # also reads "#### x" and "the answer is x")
     Dataset.gsm8k: DatasetLayout("question", ("answer",), STEP_BY_STEP_BOXED, "Question: {user}\nAnswer:"),

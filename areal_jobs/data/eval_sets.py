@@ -2,6 +2,8 @@
 functions training uses.
 
     builtin      the built-in task's held-out problems (the same ones a run evaluates)
+    countdown    the countdown task's held-out problems (data/countdown_task.py; the same ones
+                 a run with data.dataset=countdown evaluates)
     gsm8k        {"question", "answer"}, the gold answer after "#### "
     math         one problem field and one answer field, names configurable: MATH-500
                  {"problem", "answer"}, AIME/AMC layouts ({"Problem", "Answer"}, {"question", ...});
@@ -29,10 +31,15 @@ logger = logging.getLogger(__name__)
 
 class EvalSet(enum.Enum):
     builtin = "builtin"
+    countdown = "countdown"
     gsm8k = "gsm8k"
     math = "math"
     humaneval = "humaneval"
     code_stdio = "code_stdio"
+
+
+GENERATED = (EvalSet.builtin, EvalSet.countdown)  # generated in code, no file
+_DATASET = {EvalSet.builtin: Dataset.arith, EvalSet.countdown: Dataset.countdown}
 
 
 @dataclass(frozen=True)
@@ -41,11 +48,11 @@ class EvalSetSpec:
     path: str = ""  # JSONL; unused for builtin
     problem_field: str = "problem"  # math only
     answer_field: str = "answer"  # math only
-    limit: int = 0  # the first `limit` usable problems; 0 = all (builtin: 256)
-    seed: int = 1  # builtin: the run's data.seed picks its held-out problems
+    limit: int = 0  # the first `limit` usable problems; 0 = all (builtin, countdown: 256)
+    seed: int = 1  # builtin, countdown: the run's data.seed picks its held-out problems
 
     def __post_init__(self) -> None:
-        if self.kind is not EvalSet.builtin and not self.path:
+        if self.kind not in GENERATED and not self.path:
             raise ValueError(f"the {self.kind.value} evaluation set needs a JSONL path")
         if self.limit < 0:
             raise ValueError("limit must be >= 0 (0 = every problem)")
@@ -79,7 +86,7 @@ def read_eval_set(
 
     Prompts are built like training's (data/chat.py PromptFormat: the checkpoint's chat template
     under `auto`, the dataset's default instruction unless `instruction` is given)."""
-    dataset = Dataset.arith if spec.kind is EvalSet.builtin else Dataset(spec.kind.value)
+    dataset = _DATASET.get(spec.kind) or Dataset(spec.kind.value)
     data = DataConfig(
         dataset=dataset,
         train_path=spec.path,
@@ -91,7 +98,7 @@ def read_eval_set(
         answer_key=spec.answer_field if spec.kind is EvalSet.math else "",
     )
     fmt = PromptFormat.load(data, model_dir)
-    if spec.kind is EvalSet.builtin:
+    if spec.kind in GENERATED:
         prompts = eval_prompts(data, encode, None, fmt.render)
         return prompts, LoadReport(num_rows=len(prompts))
     rows, report = load_rows(fmt, spec.path, encode, max_prompt_tokens)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from areal_jobs.config import DataConfig, Dataset
-from areal_jobs.data import arith_task
+from areal_jobs.data import arith_task, countdown_task
 from areal_jobs.data.chat import PromptFormat
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class LoadReport:
 
 REWARD_TASK = {
     Dataset.arith: "arith",
+    Dataset.countdown: "countdown",
     Dataset.gsm8k: "gsm8k",
     Dataset.math: "math",
     Dataset.humaneval: "humaneval",
@@ -67,8 +68,8 @@ def _row_from_json(fmt: PromptFormat, obj: dict) -> Row:
         if not isinstance(tests, list) or not tests:
             raise ValueError("'tests' must be a non-empty list of {input, output}")
         return Row(fmt.render_row(obj), json.dumps({"tests": tests}))
-    if fmt.dataset is Dataset.arith:
-        raise ValueError("the built-in task has no file rows")
+    if fmt.dataset in (Dataset.arith, Dataset.countdown):
+        raise ValueError("the built-in tasks have no file rows")
     return Row(fmt.render_row(obj), fmt.reference(obj))
 
 
@@ -119,6 +120,9 @@ class PromptStream:
         if self.cfg.dataset is Dataset.arith:
             problem = arith_task.problem_at(self.cfg.seed, index)
             return Prompt(index, self.encode(self.render(problem.prompt)), "arith", str(problem.answer))
+        if self.cfg.dataset is Dataset.countdown:
+            problem = countdown_task.problem_at(self.cfg.seed, index)
+            return Prompt(index, self.encode(self.render(problem.prompt)), "countdown", problem.reference)
         assert self.rows, "file datasets need rows"
         epoch, offset = divmod(index, len(self.rows))
         if epoch not in self._epoch_orders:
@@ -137,7 +141,8 @@ class PromptStream:
 def eval_prompts(
     cfg: DataConfig, encode: Encode, rows: list[Row] | None = None, render: Render = str
 ) -> list[Prompt]:
-    """The held-out set: generated from a disjoint seed (arith) or the eval file's first rows."""
+    """The held-out set: generated from a disjoint seed (the built-in tasks) or the eval file's
+    first rows."""
     if cfg.dataset is Dataset.arith:
         out = []
         for i in range(cfg.num_eval_prompts):
@@ -145,6 +150,11 @@ def eval_prompts(
             bucket = arith_task.length_bucket(problem.num_steps)
             out.append(Prompt(-1 - i, encode(render(problem.prompt)), "arith", str(problem.answer), bucket))
         return out
+    if cfg.dataset is Dataset.countdown:
+        problems = [countdown_task.eval_problem_at(cfg.seed, i) for i in range(cfg.num_eval_prompts)]
+        return [
+            Prompt(-1 - i, encode(render(p.prompt)), "countdown", p.reference) for i, p in enumerate(problems)
+        ]
     if not rows:
         return []
     return [
@@ -183,8 +193,13 @@ def load_prompts(data: DataConfig, model_dir: str, encode: Encode) -> PromptSet:
             )
         rows, held_out = rows[: -data.num_eval_prompts or None], rows[len(rows) - data.num_eval_prompts :]
     stream = PromptStream(data, encode, rows, fmt.render)
-    first = rows[0].text if rows else fmt.render(arith_task.problem_at(data.seed, 0).prompt)
+    first = rows[0].text if rows else _first_builtin_prompt(data, fmt)
     return PromptSet(fmt, stream, eval_prompts(data, encode, held_out, fmt.render), first)
+
+
+def _first_builtin_prompt(data: DataConfig, fmt: PromptFormat) -> str:
+    task = countdown_task if data.dataset is Dataset.countdown else arith_task
+    return fmt.render(task.problem_at(data.seed, 0).prompt)
 
 
 def describe_first_prompt(prompts: PromptSet) -> str:

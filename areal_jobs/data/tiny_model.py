@@ -62,8 +62,9 @@ class TinyRecipe:
     recipe_version: int = 3
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int):
-    """Byte-level BPE trained on task text; digits are always single tokens."""
+def build_tokenizer(out_dir: Path, vocab_size: int, corpus: list[str] | None = None):
+    """Byte-level BPE trained on task text (`corpus`; default: the arithmetic task's prompts and
+    solutions); digits are always single tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -79,10 +80,11 @@ def build_tokenizer(out_dir: Path, vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = []
-    for i in range(4000):
-        p = arith_task.problem_at(SFT_SEED + 11, i)
-        corpus += [p.prompt, p.solution]
+    if corpus is None:
+        corpus = []
+        for i in range(4000):
+            p = arith_task.problem_at(SFT_SEED + 11, i)
+            corpus += [p.prompt, p.solution]
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
     fast.save_pretrained(str(out_dir))
@@ -293,9 +295,10 @@ def answer_examples(tokenizer, answer_at):
 
 
 def sft_loop(model, opt, tokens_per_step: int, steps: int, lr_at, example_at, stream_seed: int,
-             desc: str) -> float:  # fmt: skip
-    """`steps` packed SFT steps on problems `stream_seed`, 0, 1, ...; `example_at(problem, step)`
-    gives an example's token ids and loss mask. Returns the last step's loss."""
+             desc: str, problem_at=arith_task.problem_at) -> float:  # fmt: skip
+    """`steps` packed SFT steps on problems `problem_at(stream_seed, 0)`, 1, ...;
+    `example_at(problem, step)` gives an example's token ids and loss mask. Returns the last
+    step's loss."""
     import numpy as np
     import torch
     from tqdm import tqdm
@@ -309,7 +312,7 @@ def sft_loop(model, opt, tokens_per_step: int, steps: int, lr_at, example_at, st
             group["lr"] = lr_at(step)
         seqs, masks, used = [], [], 0
         while used < tokens_per_step:
-            problem = arith_task.problem_at(stream_seed, index)
+            problem = problem_at(stream_seed, index)
             index += 1
             ids, loss_mask = example_at(problem, step)
             seqs.append(np.asarray(ids))

@@ -18,6 +18,7 @@ REWARD_TARGETS: dict[str, str] = {
     "humaneval": "areal_jobs.reward.code:reward_humaneval",
     "code_stdio": "areal_jobs.reward.code:reward_code_stdio",
     "arith": "areal_jobs.data.arith_task:reward",
+    "countdown": "areal_jobs.reward.countdown:reward_countdown",
     # not a reward: the sandboxed `python` tool of agent/tools.py, run by the same workers
     "tool_python": "areal_jobs.reward.tool_python:run_python_tool",
 }

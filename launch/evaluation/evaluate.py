@@ -8,7 +8,8 @@ samples' own generation path, scores them with the training reward functions, an
 
 It writes OUT/eval.json (summary, pass@k for every k <= n, per-problem rows) and OUT/eval.png.
 --ckpt takes an HF directory (a run's final_hf/, the built-in model) or a mid-run checkpoint step
-(launch/evaluation/checkpoint.py); --data takes `builtin` or a JSONL file (layouts: data/eval_sets.py).
+(launch/evaluation/checkpoint.py); --data takes `builtin`, `countdown` (the second built-in task; its
+warm start is the default checkpoint then) or a JSONL file (layouts: data/eval_sets.py).
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from launch.evaluation.report import build_report, summary_line, write_report
 logger = logging.getLogger("launch.evaluate")
 
 BUILTIN_MODEL = "areal_jobs/data/builtin_model"
+COUNTDOWN_MODEL = "areal_jobs/data/builtin_model_countdown"
+GENERATED = {"builtin": EvalSet.builtin, "countdown": EvalSet.countdown}  # --data names of the built-in sets
 
 
 @dataclass
 class EvalArgs:
-    ckpt: str = BUILTIN_MODEL
-    data: str = "builtin"  # "builtin" or a JSONL path
+    ckpt: str = ""  # "": the built-in task's warm start (countdown's for --data countdown)
+    data: str = "builtin"  # "builtin", "countdown" or a JSONL path
     kind: EvalSet | None = None  # None: builtin, or detected from the file's first row
     problem_field: str = "problem"
     answer_field: str = "answer"
@@ -69,14 +72,16 @@ class EvalArgs:
         if self.max_new_tokens < 1 or self.concurrency < 1:
             raise ValueError("--max-new-tokens and --concurrency must be >= 1")
         if self.kind is None:
-            self.kind = EvalSet.builtin if self.data == "builtin" else detect_kind(self.data)
-        if self.kind is EvalSet.builtin and self.data != "builtin":
-            raise ValueError("--format builtin takes --data builtin")
+            self.kind = GENERATED.get(self.data) or detect_kind(self.data)
+        if self.kind in GENERATED.values() and self.data != self.kind.value:
+            raise ValueError(f"--format {self.kind.value} takes --data {self.kind.value}")
+        if not self.ckpt:
+            self.ckpt = COUNTDOWN_MODEL if self.kind is EvalSet.countdown else BUILTIN_MODEL
         if not self.out:
             self.out = str(Path("runs") / "eval" / f"{_name(self.ckpt)}-{_name(self.data)}")
 
     def spec(self) -> EvalSetSpec:
-        path = "" if self.kind is EvalSet.builtin else self.data
+        path = "" if self.kind in GENERATED.values() else self.data
         return EvalSetSpec(self.kind, path, self.problem_field, self.answer_field, self.limit, self.data_seed)
 
 
@@ -89,12 +94,14 @@ def _name(path: str) -> str:
 def parse_args(argv: list[str] | None = None) -> EvalArgs:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = EvalArgs.__dataclass_fields__
-    p.add_argument("--ckpt", default=BUILTIN_MODEL, help="HF dir (final_hf/), or checkpoints/step_N")
-    p.add_argument("--data", default="builtin", help="'builtin' or a JSONL file")
+    p.add_argument(
+        "--ckpt", default="", help="HF dir (final_hf/), or checkpoints/step_N (default: the task's warm start)"
+    )
+    p.add_argument("--data", default="builtin", help="'builtin', 'countdown' or a JSONL file")
     p.add_argument("--format", choices=[e.value for e in EvalSet], help="file layout (default: detected)")
     p.add_argument("--problem-field", default="problem", help="math layout: problem field (AIME: Problem)")
     p.add_argument("--answer-field", default="answer", help="math layout: answer field (AIME: Answer)")
-    p.add_argument("--limit", type=int, default=0, help="first N problems (0 = all; builtin: 256)")
+    p.add_argument("--limit", type=int, default=0, help="first N problems (0 = all; built-in sets: 256)")
     p.add_argument("-n", "--samples", type=int, default=d["samples"].default, help="answers per problem")
     p.add_argument("-k", "--k", type=int, action="append", default=[], help="pass@k to report (repeat)")
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy (temperature 0) answers")
@@ -105,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> EvalArgs:
     p.add_argument("--engine", choices=[e.value for e in RolloutEngine], default="sglang")
     p.add_argument("--dtype", choices=[e.value for e in DType], default="float32")
     p.add_argument("--seed", type=int, default=0, help="server sampling seed")
-    p.add_argument("--data-seed", type=int, default=1, help="builtin: the run's data.seed")
+    p.add_argument("--data-seed", type=int, default=1, help="built-in sets: the run's data.seed")
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight")
     p.add_argument("--server-threads", type=int, default=1, help="CPU mode: torch threads of the server")
     a = p.parse_args(argv)

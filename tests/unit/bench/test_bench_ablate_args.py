@@ -1,27 +1,47 @@
-"""`python -m bench.ablate`'s defaults are the paper's regime (4 minibatches, behaviour weight
-capped at 5), each replaced by an override of the same key; --lock holds the flock per run."""
+"""`python -m bench.ablate`: each command's defaults, the plan's order (seed-major: a part cut
+short holds whole pairs), the launch command of one run, and the per-run flock."""
 
 import fcntl
 
 import pytest
 
-from bench.ablate import _held, parse_args
+from bench.ablate import launch_cmd, parse_args, plan, run_name
+from bench.harness import held_flock
 
 
-def test_defaults_are_four_minibatches_and_a_capped_behaviour_weight():
-    args = parse_args([])
-    assert "algo.ppo_minibatches=4" in args.overrides and "algo.behav_weight_cap=5" in args.overrides
-    args = parse_args(["algo.ppo_minibatches=1", "trainer.lr=6e-4"])
-    assert "algo.ppo_minibatches=1" in args.overrides and "algo.ppo_minibatches=4" not in args.overrides
-    assert "algo.behav_weight_cap=5" in args.overrides and args.lock is None
+def test_command_defaults_and_overrides():
+    args = parse_args(["calibrate"])
+    assert args.arms == ["decoupled"] and args.delays == [0, 32] and args.lrs == [3e-4, 1e-3, 3e-3]
+    assert "experiment=countdown" in args.overrides and "run.eval_every_steps=0" in args.overrides
+    args = parse_args(["run", "--lr", "2e-3", "run.eval_every_steps=20"])
+    assert args.arms == ["naive", "decoupled", "decoupled_nocap"] and args.delays == [0, 2, 8, 32]
+    assert args.lrs == [2e-3] and "run.eval_every_steps=20" in args.overrides
+    assert "run.eval_every_steps=0" not in args.overrides
+
+
+@pytest.mark.parametrize("bad", [["run", "trainer.lr=1"], ["run", "algo.exact_delay=3"], ["pilot", "--arms", "decoupled"]])
+def test_the_varied_settings_are_refused_as_overrides(bad):
+    with pytest.raises(SystemExit):
+        parse_args(bad)
+
+
+def test_plan_is_seed_major_and_pairs_arms():
+    args = parse_args(["pilot", "--seeds", "1,2", "--delays", "8"])
+    cells = plan(args)
+    assert [(c["seed"], c["arm"]) for c in cells] == [(1, "naive"), (1, "decoupled"), (2, "naive"), (2, "decoupled")]
+    cmd = launch_cmd(args, cells[1])
+    assert "algo.exact_delay=8" in cmd and "algo.max_staleness=8" in cmd and "algo.behav_weight_cap=5" in cmd
+    assert f"run.name={run_name(cells[1])}" in cmd and "trainer.seed=1" in cmd
+    nocap = launch_cmd(parse_args(["run"]), {**cells[1], "arm": "decoupled_nocap"})
+    assert "algo.behav_weight_cap=0" in nocap and "algo.decoupled=true" in nocap
 
 
 def test_lock_is_held_during_a_run_and_released_after(tmp_path):
     lock = tmp_path / "heavy.lock"
-    with _held(lock), open(lock) as other:
+    with held_flock(lock, 0.0), open(lock) as other:
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with open(lock) as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
-    with _held(None):
+    with held_flock(None, 0.0):
         pass

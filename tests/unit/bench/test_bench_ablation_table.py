@@ -2,83 +2,99 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from bench.ablation_table import aggregate, curve_from_rows, markdown, mean_curves, mean_spread, tokens_per_s
+from bench.ablation_table import (
+    ablation_markdown,
+    ablation_summary,
+    bootstrap_ci,
+    calibration_markdown,
+    calibration_table,
+    mean_sd,
+    paired_differences,
+    pairs_needed,
+    record_from_rows,
+)
 
 
-def run(eta, objective, seed, greedy, sampled, tps, curve=()):
-    return {"eta": eta, "objective": objective, "seed": seed, "greedy_end": greedy,
-            "sampled_end": sampled, "tokens_per_s": tps, "curve": [list(p) for p in curve]}  # fmt: skip
-
-
-def rounded(points):
-    return [(v, round(a, 9)) for v, a in points]
+def run(arm, seed, sampled, delay=8, lr=1e-3, preclip=0.2, **extra):
+    return {"arm": arm, "lr": lr, "minibatches": 4, "delay": delay, "seed": seed, "sampled_end": sampled,
+            "greedy_end": sampled + 0.1, "sampled_start": 0.3, "greedy_start": 0.35, "reward_auc": sampled / 2,
+            "preclip": preclip, "preclip_cut": preclip / 2, "abs_log_w_p99": 1.0, "ess": 0.9,
+            "clip_fraction": 0.05, **extra}  # fmt: skip
 
 
 RUNS = [
-    run(0, "decoupled", 1, 0.60, 0.50, 1000.0, [(0, 0.3, 0.5), (2, 0.5, 0.6)]),
-    run(0, "decoupled", 2, 0.70, 0.40, 1200.0, [(0, 0.3, 0.5), (2, 0.3, None)]),
-    run(0, "naive", 1, 0.50, 0.20, 900.0, [(0, 0.3, 0.5)]),
-    {"eta": 0, "objective": "naive", "seed": 2, "error": "launch.local exit 1"},
-    run(4, "decoupled", 1, 0.65, 0.55, 2000.0),
-    run(4, "decoupled", 2, 0.75, 0.45, 2400.0),
-]
+    run("naive", 1, 0.40), run("decoupled", 1, 0.50),
+    run("naive", 2, 0.45), run("decoupled", 2, 0.50),
+    run("naive", 3, 0.50), run("decoupled", 3, 0.45),
+    run("decoupled", 4, 0.60),  # its naive pair failed: left out of the differences
+    {"arm": "naive", "lr": 1e-3, "minibatches": 4, "delay": 8, "seed": 4, "error": "launch.local exit 1"},
+    run("naive", 1, 0.42, delay=0, preclip=0.01), run("decoupled", 1, 0.44, delay=0, preclip=0.01),
+]  # fmt: skip
 
 
-def test_mean_spread_is_mean_and_half_range():
-    assert mean_spread([0.59, 0.65, None]) == pytest.approx({"mean": 0.62, "spread": 0.03, "n": 2})
-    assert mean_spread([None]) is None
+def test_mean_sd_uses_the_sample_standard_deviation():
+    assert mean_sd([1.0, 3.0, None]) == pytest.approx({"mean": 2.0, "sd": math.sqrt(2.0), "n": 2})
+    assert mean_sd([5.0]) == {"mean": 5.0, "sd": 0.0, "n": 1}
+    assert mean_sd([None, float("nan")]) is None
 
 
-def test_aggregate_cells_skip_failed_runs_and_absent_objectives():
-    table = aggregate(RUNS)
-    assert list(table) == ["0", "4"]
-    dec = table["0"]["decoupled"]
-    assert dec["seeds"] == 2
-    assert dec["greedy_end"] == pytest.approx({"mean": 0.65, "spread": 0.05, "n": 2})
-    assert dec["sampled_end"] == pytest.approx({"mean": 0.45, "spread": 0.05, "n": 2})
-    assert dec["tokens_per_s"] == pytest.approx({"mean": 1100.0, "spread": 100.0, "n": 2})
-    naive = table["0"]["naive"]  # seed 2 failed: one seed left
-    assert naive["seeds"] == 1 and naive["greedy_end"] == pytest.approx({"mean": 0.5, "spread": 0.0, "n": 1})
-    assert "naive" not in table["4"]  # never run at η = 4
+def test_paired_differences_pair_by_seed_and_skip_unpaired_seeds():
+    d = paired_differences(RUNS, "decoupled", "sampled_end")[(1e-3, 4, 8)]
+    assert d["seeds"] == [1, 2, 3]
+    assert d["diffs"] == pytest.approx([0.10, 0.05, -0.05])
+    assert d["mean"] == pytest.approx(0.10 / 3) and d["sd"] == pytest.approx(math.sqrt(0.035 / 6))  # squares 0.0667² + 0.0167² + 0.0833², / 2
+    lo, hi = d["ci95"]
+    assert -0.05 <= lo <= d["mean"] <= hi <= 0.10  # a percentile interval of means of these values
 
 
-def test_markdown_is_the_table_2_layout():
-    lines = markdown(aggregate(RUNS)).splitlines()
-    assert lines[0] == (
-        "| η | decoupled greedy | decoupled sampled | decoupled tokens/s "
-        "| naive greedy | naive sampled | naive tokens/s |"
-    )
-    assert lines[2] == "| 0 | 0.650 ± 0.050 | 0.450 ± 0.050 | 1100 ± 100 | 0.500 | 0.200 | 900 |"
-    assert lines[3] == "| 4 | 0.700 ± 0.050 | 0.500 ± 0.050 | 2200 ± 200 | - | - | - |"
-    assert "(1/2 per cell)" in lines[-1]
+def test_bootstrap_interval_is_reproducible_and_degenerate_for_equal_values():
+    xs = [0.1, 0.2, 0.0, 0.15, 0.05]
+    assert bootstrap_ci(xs) == bootstrap_ci(xs)
+    assert bootstrap_ci([0.1, 0.1, 0.1]) == pytest.approx((0.1, 0.1))
+    assert bootstrap_ci([0.1]) is None
 
 
-def test_mean_curves_average_seeds_per_version():
-    curves = mean_curves(RUNS, "decoupled")
-    assert set(curves) == {0, 4}
-    assert curves[4] == {"sampled": [], "greedy": []}  # runs without evaluations: empty curves
-    assert rounded(curves[0]["sampled"]) == [(0, 0.3), (2, 0.4)]
-    assert rounded(curves[0]["greedy"]) == [(0, 0.5), (2, 0.6)]  # seed 2 has no greedy at version 2
-    assert mean_curves(RUNS, "naive")[0]["sampled"] == [(0, 0.3)]
+def test_pairs_needed_follows_the_power_formula():
+    assert pairs_needed(0.05, 0.05) == 8  # 7.85 rounded up
+    assert pairs_needed(0.10, 0.05) == 32  # 7.85 x 4 = 31.4
+    assert pairs_needed(0.001, 0.05) == 2
+    with pytest.raises(ValueError):
+        pairs_needed(0.1, 0.0)
 
 
-def test_curve_keys_evaluations_to_the_version_they_measured():
-    rows = [
-        {"step": 0, "eval/pass@1": 0.3, "eval/version": 0.0},
-        {"step": 0, "eval/greedy": 0.5, "eval/greedy_version": 0.0},
-        {"step": 1, "time/step_s": 1.0, "train/num_tokens": 10.0},
-        {"step": 3, "eval/pass@1": 0.6, "eval/version": 2.0},  # arrived at step 3, measured version 2
-        {"step": 3, "eval/greedy": 0.7, "eval/greedy_version": 2.0},
-    ]
-    assert curve_from_rows(rows) == [[0, 0.3, 0.5], [2, 0.6, 0.7]]
+def test_calibration_table_by_lr_and_delay():
+    table = calibration_table(RUNS)
+    row = table["0.001/4"]
+    assert set(row["delays"]) == {"0", "8"}
+    assert row["delays"]["8"]["preclip"]["mean"] == pytest.approx(0.2) and row["delays"]["8"]["runs"] == 7
+    assert row["delays"]["0"]["sampled_gain"]["mean"] == pytest.approx((0.12 + 0.14) / 2)
+    lines = calibration_markdown(table).splitlines()
+    assert lines[0].startswith("| lr | minibatches | pre-clipped (cut) d=0 | pre-clipped (cut) d=8 |")
+    assert lines[2].startswith("| 0.001 | 4 | 0.010 ± 0.000 (0.005 ± 0.000) | 0.200 ± 0.000 (0.100 ± 0.000) |")
 
 
-def test_tokens_per_s_leaves_out_warmup_steps():
-    rows = [{"step": i + 1, "time/step_s": s, "train/num_tokens": t} for i, (t, s) in
-            enumerate([(100.0, 10.0), (100.0, 10.0), (300.0, 1.0), (500.0, 1.0)])]  # fmt: skip
+def test_ablation_summary_and_markdown():
+    cells = ablation_summary(RUNS)
+    assert list(cells) == ["0.001/4/0", "0.001/4/8"]
+    c = cells["0.001/4/8"]
+    assert c["arms"]["decoupled"]["seeds"] == [1, 2, 3, 4] and c["arms"]["naive"]["seeds"] == [1, 2, 3]
+    assert c["paired"]["decoupled-naive"]["sampled_end"]["mean"] == pytest.approx(0.10 / 3)
+    assert c["paired"]["decoupled_nocap-naive"]["sampled_end"] is None  # that arm did not run
+    lines = ablation_markdown(cells).splitlines()
+    assert lines[3].startswith("| 0.001 | 4 | 8 | 0.200 ± 0.000 (0.100 ± 0.000) | 0.450 ± 0.050 |")
+    assert lines[3].endswith("| - | 3 |")
+
+
+def test_record_from_rows_leaves_out_the_ramp():
+    rows = [{"step": s, "train/version": float(s), "reward/mean": r, "offpolicy/preclip_fraction": p,
+             "staleness/min": min(s - 1, 2), "staleness/max": min(s - 1, 2)}
+            for s, r, p in [(1, 0.1, 0.0), (2, 0.2, 0.0), (3, 0.3, 0.1), (4, 0.4, 0.3)]]  # fmt: skip
     rows.append({"step": 4, "eval/pass@1": 0.5})
-    assert tokens_per_s(rows) == pytest.approx(400.0)  # (300 + 500) / (1 + 1)
-    assert tokens_per_s(rows[:2]) == pytest.approx(10.0)  # shorter than the warm-up: every step
-    assert tokens_per_s([]) is None
+    rec = record_from_rows(rows, delay=2)
+    assert rec["reward_auc"] == pytest.approx(0.25)  # every step
+    assert rec["preclip"] == pytest.approx(0.2)  # steps 3 and 4: trained at the full delay
+    assert rec["steps_at_delay"] == 2.0 and rec["ess"] is None
