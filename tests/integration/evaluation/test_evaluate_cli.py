@@ -1,8 +1,10 @@
-"""`python -m launch.evaluate` end to end on the committed built-in model: it starts a real SGLang
-CPU server (once for this module), samples n answers and one greedy answer per held-out problem,
-and writes eval.json and eval.png. Checked: the file is whole, the numbers agree with each other
-and with the per-problem rows, and every stored answer earns the reward the JSON says it earned
-when scored again by the built-in task's reward function."""
+"""`python -m launch.evaluate` end to end on the committed built-in models, for each built-in set
+(`--data builtin`: the arithmetic task's warm start; `--data countdown`: the countdown warm start,
+the default checkpoint for that set): it starts a real SGLang CPU server (once per set), samples
+n answers and one greedy answer per held-out problem, and writes eval.json and eval.png. Checked:
+the file is whole, the numbers agree with each other and with the per-problem rows, and every
+stored answer earns the reward the JSON says it earned when scored again by the task's reward
+function."""
 
 from __future__ import annotations
 
@@ -23,11 +25,14 @@ REPO = Path(__file__).resolve().parents[3]
 N, LIMIT, MAX_NEW = 4, 24, 160
 
 
-@pytest.fixture(scope="module")
-def evaluated(tmp_path_factory) -> tuple[dict, Path, str]:
+SETS = {"builtin": "arith", "countdown": "countdown"}  # --data -> its reward task
+
+
+@pytest.fixture(scope="module", params=list(SETS))
+def evaluated(request, tmp_path_factory) -> tuple[dict, Path, str]:
     out = tmp_path_factory.mktemp("eval")
     cmd = [
-        sys.executable, "-m", "launch.evaluate", "--data", "builtin", "--limit", str(LIMIT),
+        sys.executable, "-m", "launch.evaluate", "--data", request.param, "--limit", str(LIMIT),
         "-n", str(N), "-k", "1", "-k", "2", "-k", str(N), "--max-new-tokens", str(MAX_NEW),
         "--out", str(out),
     ]  # fmt: skip
@@ -41,7 +46,7 @@ def test_json_png_and_printed_line(evaluated):
     report, out, stdout = evaluated
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report["num_problems"] == LIMIT == len(report["problems"]) and report["samples_per_problem"] == N
-    assert report["format"] == "builtin" and report["max_new_tokens"] == MAX_NEW
+    assert report["format"] in SETS and report["max_new_tokens"] == MAX_NEW
     line = [x for x in stdout.splitlines() if x.startswith("eval: ")]
     assert line and f"pass@1={report['pass@1']:.3f}" in line[0] and f"pass@{N}=" in line[0]
     assert f"greedy={report['greedy_accuracy']:.3f}" in line[0]
@@ -71,7 +76,7 @@ def test_numbers_agree_with_each_other_and_with_the_rows(evaluated):
 
 def test_stored_answers_earn_the_reported_rewards(evaluated):
     report, _, _ = evaluated
-    reward = resolve("arith")
+    reward = resolve(SETS[report["format"]])
     for r in report["problems"]:
         assert reward(r["first_answer"], r["reference"]).reward == r["rewards"][0]
         assert reward(r["greedy_answer"], r["reference"]).reward == r["greedy_reward"]

@@ -27,6 +27,12 @@ def test_defaults_evaluate_the_builtin_model_on_the_builtin_task_with_pass_at_1_
     assert args.out == "runs/eval/data-builtin_model-builtin"
 
 
+def test_countdown_set_defaults_to_the_countdown_warm_start():
+    args = parse_args(["--data", "countdown"])
+    assert args.kind is EvalSet.countdown and args.ckpt == "areal_jobs/data/builtin_model_countdown"
+    assert args.spec().path == "" and parse_args(["--data", "countdown", "--ckpt", "x"]).ckpt == "x"
+
+
 def test_file_layout_is_detected_and_fields_and_ks_are_taken(tmp_path):
     args = parse_args(["--data", str(GSM8K), "-n", "4", "-k", "2", "-k", "4", "--limit", "10", "--no-greedy"])
     assert args.kind is EvalSet.gsm8k and args.ks == [2, 4] and args.limit == 10 and not args.greedy
