@@ -22,7 +22,10 @@ def make_client(
     *,
     generate_timeout_s: float,
     call_timeout_s: float,
+    tp_size: int = 1,
 ) -> RolloutEngineClient:
+    """`tp_size`: the server's TP ranks (an SGLang encoded bucket carries one request per rank)."""
     return CLIENTS[engine](
-        name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s
-    )
+        name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s,
+        tp_size=tp_size,
+    )  # fmt: skip

@@ -60,6 +60,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         return engine_client(
             cfg.rollout.engine, f"{rec.index}", rec.url, token,
             generate_timeout_s=cfg.rollout.request_timeout_s, call_timeout_s=cfg.rollout.call_timeout_s,
+            tp_size=cfg.rollout.tp_size,
         )  # fmt: skip
 
     records = discovery.wait_for_servers(run_dir, cfg.rollout.num_servers, cfg.rollout.server_start_timeout_s)

@@ -168,8 +168,15 @@ class ControllerService:
             init = bool(pool.up_slots) and broadcast and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
             world = pool.group_world_size()
+            held = {s.held_version for s in pool.up_slots}
             await self._send(
-                m.Paused(version=req.version, world_size=world, init_group=init, group_generation=generation)
+                m.Paused(
+                    version=req.version,
+                    world_size=world,
+                    init_group=init,
+                    group_generation=generation,
+                    servers_version=held.pop() if len(held) == 1 else -1,
+                )
             )
             if not pool.up_slots:
                 logger.warning(
@@ -197,7 +204,17 @@ class ControllerService:
         self._paused_for_retry = False
         self._update_retries = 0
         ctl.resume_sending()
-        await self._send(m.VersionPublished(version=req.version, update_s=time.monotonic() - t0))
+        stage_s = {name: t - prev for (_, prev), (name, t) in zip(marks, marks[1:])}
+        await self._send(
+            m.VersionPublished(
+                version=req.version,
+                update_s=time.monotonic() - t0,
+                pause_s=stage_s.get("pause", 0.0),
+                receive_s=stage_s.get("groups", 0.0) + stage_s.get("receive", 0.0),
+                resume_s=stage_s.get("resume", 0.0),
+                bucket_calls_s=self.orch.bucket_calls_s if broadcast else 0.0,
+            )
+        )
         logger.info(
             "version %d on the servers in %.3fs (%s)",
             req.version,

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, TensorSpec
+from areal_jobs.rollout import sglang_delta
 from areal_jobs.rollout.engine_http import (
     EngineHTTP,
     ServerCallError,
@@ -51,9 +52,17 @@ class SGLangClient:
     """One SGLang server. Implements api.RolloutEngineClient."""
 
     def __init__(
-        self, name: str, url: str, api_key: str, *, generate_timeout_s: float, call_timeout_s: float
+        self,
+        name: str,
+        url: str,
+        api_key: str,
+        *,
+        generate_timeout_s: float,
+        call_timeout_s: float,
+        tp_size: int = 1,
     ):
         self.name = name
+        self.tp_size = tp_size  # one serialized payload per TP rank (update_weights_from_tensor)
         self.url = url.rstrip("/")
         self._http = EngineHTTP(
             name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s
@@ -176,6 +185,18 @@ class SGLangClient:
         }
         result = await self._post("/update_weights_from_distributed", body)
         require_success(self.name, "/update_weights_from_distributed", result)
+
+    async def receive_encoded_bucket(
+        self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
+    ) -> None:
+        """weight_sync.sync=delta: our custom weight loader receives, applies and verifies the
+        bucket inside the scheduler (sglang_delta.py); a refusal is settled with the sender there."""
+        body = sglang_delta.request_body(
+            [t.name for t in tensors], [t.dtype for t in tensors], [list(t.shape) for t in tensors],
+            group_name, version, self.tp_size,
+        )  # fmt: skip
+        result = await self._post("/update_weights_from_tensor", body)
+        require_success(self.name, "/update_weights_from_tensor", result)
 
     async def end_weight_update(self) -> None:
         await self._post("/end_weight_update", {})

@@ -62,10 +62,18 @@ class VLLMClient:
     """One vLLM server (OpenAI-compatible API server with the RL routes and our worker extension)."""
 
     def __init__(
-        self, name: str, url: str, api_key: str, *, generate_timeout_s: float, call_timeout_s: float
+        self,
+        name: str,
+        url: str,
+        api_key: str,
+        *,
+        generate_timeout_s: float,
+        call_timeout_s: float,
+        tp_size: int = 1,
     ) -> None:
         self.name = name
         self.url = url.rstrip("/")
+        self.tp_size = tp_size  # every worker answers collective_rpc: nothing per rank to send
         self._http = EngineHTTP(
             name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s
         )
@@ -183,6 +191,20 @@ class VLLMClient:
     ) -> None:
         await self._rpc(
             "areal_receive_bucket",
+            names=[t.name for t in tensors],
+            dtypes=[t.dtype for t in tensors],
+            shapes=[list(t.shape) for t in tensors],
+            group_name=group_name,
+        )
+        self._pending_version = version
+
+    async def receive_encoded_bucket(
+        self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
+    ) -> None:
+        """weight_sync.sync=delta: the worker extension receives, applies onto its copy, verifies
+        and loads the bucket (weights/receiver.py); a refusal is settled with the sender there."""
+        await self._rpc(
+            "areal_receive_encoded",
             names=[t.name for t in tensors],
             dtypes=[t.dtype for t in tensors],
             shapes=[list(t.shape) for t in tensors],

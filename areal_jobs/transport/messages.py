@@ -123,6 +123,9 @@ class Paused:
     world_size: int  # per sender group: 1 (the sender) + every server rank
     init_group: bool  # True: the groups must be (re)created before the broadcast
     group_generation: int  # groups are named "<sender.group_name>-<generation>"; new on every (re)creation
+    # the version every server of this update holds from a completed update; -1 when they differ
+    # or one is new, restarted or was in a broken update (weight_sync.sync=delta: only onto it)
+    servers_version: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,11 @@ class VersionPublished:
 
     version: int
     update_s: float  # pause -> resume wall time seen by the controller
+    pause_s: float = 0.0  # stopping generation (abort / pause calls)
+    receive_s: float = 0.0  # group formation + every bucket's calls + end of update, the slowest server
+    resume_s: float = 0.0
+    # per server, every bucket call's round trip (receive + load), the slowest server
+    bucket_calls_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from areal_jobs.trainer.publisher import WeightPublisher
 from areal_jobs.trainer.ranks import Publish
 from areal_jobs.transport import messages as m
 from areal_jobs.weights.broadcast import BroadcastTimeout
+from areal_jobs.weights.phases import UpdatePhases
 
 SENDER = WeightSender("s0", "127.0.0.1", 1, (BucketSpec(0, (TensorSpec("w", "float32", (4,)),)),))
 
@@ -34,14 +35,14 @@ class Stage:
         self.failures = failures
         self.sent: list[m.Paused] = []
 
-    def send(self, paused: m.Paused) -> float:
+    def send(self, paused: m.Paused) -> UpdatePhases:
         self.sent.append(paused)
         if self.failures:
             self.failures -= 1
             raise BroadcastTimeout(
                 "weight broadcast bucket 1/1 of s0 (version 3) failed: Connection closed by peer"
             )
-        return 16.0
+        return UpdatePhases(bytes_per_server=16.0)
 
 
 def publisher(controller, stage):
