@@ -14,15 +14,18 @@ delta overwrites values by position and is exact: no arithmetic, nothing to drif
 uint16 because every GAP_LIMIT-th element is always sent (an anchor, changed or not: its own
 value), 2 + itemsize bytes per changed element (4 for bf16; int32 positions would be 6).
 
-Header: MAGIC, FORMAT, base_version (-1: a full copy, no base needed), version, crc32 of the
-resulting bucket (every tensor's bytes, in order, after applying), payload bytes, n, then the n
-kinds and the n counts. A receiver applies onto its copy only when that copy holds base_version,
+Header: MAGIC, FORMAT, base_version (-1: a full copy, no base needed), version, the checksum of
+the resulting bucket (`crc_of`: every tensor's bytes, in order, after applying), payload bytes, n,
+then the n kinds and the n counts. A receiver applies onto its copy only when that copy holds base_version,
 checks the crc of what it produced and undoes the write when it differs.
 """
 
 from __future__ import annotations
 
+import os
+import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -103,11 +106,29 @@ def entry_bytes(kind: int, count: int, itemsize: int) -> int:
 
 
 def crc_of(tensors: list[torch.Tensor]) -> int:
-    """crc32 of the tensors' bytes back to back (CPU, contiguous); zlib's runs ~4 GB/s a core."""
-    crc = 0
+    """Checksum of the tensors' bytes (CPU): the crc32 of the crc32s of CRC_CHUNK-byte chunks, so
+    the chunks can be hashed on several threads (zlib releases the GIL; ~4 GB/s per core here)
+    and the result does not depend on how many."""
+    chunks = []
     for t in tensors:
-        crc = zlib.crc32(memoryview(bits(t.contiguous()).numpy()).cast("B"), crc)
-    return crc
+        raw = memoryview(bits(t.contiguous()).numpy()).cast("B")
+        chunks += [raw[i : i + CRC_CHUNK] for i in range(0, len(raw), CRC_CHUNK)]
+    if sum(len(c) for c in chunks) > 4 * CRC_CHUNK and len(chunks) > 1:
+        crcs = list(_crc_pool().map(zlib.crc32, chunks))
+    else:
+        crcs = [zlib.crc32(c) for c in chunks]
+    return zlib.crc32(struct.pack(f"<{len(crcs)}I", *crcs))
+
+
+CRC_CHUNK = 16 << 20
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1), thread_name_prefix="crc")
+    return _POOL
 
 
 @dataclass(frozen=True, slots=True)
