@@ -37,6 +37,7 @@ LOADER = "areal_jobs.rollout.sglang_delta.load_bucket"  # --custom-weight-loader
 logger = logging.getLogger("areal_jobs.rollout.sglang_delta")
 
 _COPY: Any = None  # this scheduler process's (TP rank's) receiver.BaseCopy of what it was last sent
+_BROKEN: set[str] = set()  # groups whose collectives failed (the sender dropped them): not used again
 
 
 def request_body(names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,

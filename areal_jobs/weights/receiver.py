@@ -40,6 +40,10 @@ STATUS_FIELDS = 5
 Load = Callable[[list[tuple[str, torch.Tensor]]], None]
 
 
+class BucketUnusable(RuntimeError):
+    """Even the whole bucket failed its checksum: this rank cannot hold the weights."""
+
+
 class BaseCopy:
     """This rank's copy of the last version it received, tensor by tensor (host memory)."""
 
@@ -80,6 +84,11 @@ class BaseCopy:
             self.versions[name] = -1  # nothing valid until the crc says so
             out.append(held)
         return out
+
+    def invalidate(self) -> None:
+        """Nothing here is known to be any version (an update broke off mid-bucket)."""
+        for name in self.versions:
+            self.versions[name] = -1
 
     def mark(self, names: list[str], version: int) -> None:
         for name in names:
@@ -158,7 +167,7 @@ def _take_whole(copy: BaseCopy, specs, header: codec.Header, whole: torch.Tensor
     try:
         codec.apply_bucket(copy.fresh(specs), full, whole)
     except codec.DeltaRefused as exc:
-        raise RuntimeError(f"the whole bucket of version {header.version} failed too: {exc}") from None
+        raise BucketUnusable(f"the whole bucket of version {header.version} failed too: {exc}") from None
     copy.mark([name for name, _, _ in specs], header.version)
     logger.info("took the whole bucket of version %d instead", header.version)
 
