@@ -5,8 +5,8 @@ a bf16 copy changes per step (the bench model at its learning rate, SmolLM2-135M
   model's own samples with random +-1 advantages, trainer.lr, AdamW as the trainer's); after every
   step the real StageSender (in a thread, rounded to bf16) and the controller's orchestrator push
   it to a real server started with rollout.dtype=bfloat16: weight_sync.sync=full (the engine's
-  own bucket route) and weight_sync.sync=delta (our receiver), the same steps for both, one
-  engine at a time, SGLang then vLLM. The first update of each (group formation, the anchor) is
+  own bucket route) and weight_sync.sync=delta (our receiver), interleaved after every step (the
+  same load, the same changes), one engine at a time, SGLang then vLLM. The first update of each (group formation, the anchor) is
   not counted; medians of the rest. Phases: weights/phases.py; `calls` is the controller's round
   trip of the bucket calls (receive + load), `update` pause -> resume.
 - changed share: the same RL-like steps without servers, the bf16 rounding of the masters
@@ -86,6 +86,7 @@ class RLSteps:
         with torch.no_grad():
             seqs = self.model.generate(
                 prompts,
+                attention_mask=torch.ones_like(prompts),
                 max_new_tokens=self.new_tokens,
                 do_sample=True,
                 pad_token_id=0,
@@ -143,7 +144,8 @@ class Rig:
         self.rl = rl
         backend = _Export(rl)
         cfg = WeightSyncConfig(sync=sync, full_every=1 << 30, step_timeout_s=TIMEOUT_S)
-        self.stage = StageSender.create(cfg, backend, stage=0, dtype=DType.bfloat16)
+        # one group name per mode: a server refuses a name it has already created
+        self.stage = StageSender.create(cfg, backend, stage=int(sync is SyncMode.delta), dtype=DType.bfloat16)
 
     async def publish(self, version: int) -> dict[str, float]:
         sender = self.stage.sender
@@ -203,15 +205,20 @@ class _Export:
 async def engine_phases(
     engine: RolloutEngine, model_dir: Path, updates: int, log_dir: Path
 ) -> dict[str, float]:
+    """Full copy and delta interleaved on one server, one RL step before each pair: both modes see
+    the same load and the same changes (each rig's own group; the delta rig's last shipped copy
+    is the previous step's weights, so each of its updates after the first is a delta)."""
     rollout = RolloutConfig(engine=engine, dtype=ServingDType.bfloat16, server_threads=2, kv_cache_gib=0.25)
     server = start_server(
         str(model_dir), "127.0.0.1", free_port(), secrets.token_hex(8), rollout, ModelConfig(),
         log_dir / f"{engine.value}-bf16.log",
     )  # fmt: skip
-    out: dict[str, float] = {}
+    rows: dict[SyncMode, list[dict[str, float]]] = {SyncMode.full: [], SyncMode.delta: []}
+    rigs: dict[SyncMode, Rig] = {}
     try:
         server.wait_healthy(timeout_s=600)
-        for sync in (SyncMode.full, SyncMode.delta):  # the same seed: the same steps for both
+        rl = RLSteps(model_dir, TrainerConfig().lr)
+        for sync in rows:
             client = make_client(
                 engine,
                 "0",
@@ -220,31 +227,29 @@ async def engine_phases(
                 generate_timeout_s=TIMEOUT_S,
                 call_timeout_s=TIMEOUT_S,
             )
-            rl = RLSteps(model_dir, TrainerConfig().lr)
-            rig = Rig(client, rl, sync)
-            rows = []
-            try:
-                for version in range(1, updates + 2):
-                    if version > 1:
-                        rl.step()
-                    rows.append(await rig.publish(version))
-            finally:
-                rig.close()
-                await client.close()
-            measured = rows[1:]  # the first formed the group and was a full copy
-            for key in (*PHASES, "bytes"):
-                suffix = "bytes" if key == "bytes" else f"{key}_s"
-                out[f"weight_delta/{engine.value}_{sync.value}_{suffix}"] = statistics.median(
-                    r[key] for r in measured
-                )
-            if sync is SyncMode.delta:
-                assert all(r["delta"] for r in measured), "every measured update should have been a delta"
-                out[f"weight_delta/{engine.value}_changed_share"] = statistics.median(
-                    r["changed"] for r in measured
-                )
+            rigs[sync] = Rig(client, rl, sync)
+        version = 0
+        for i in range(updates + 1):
+            if i:
+                rl.step()
+            for sync, rig in rigs.items():
+                version += 1
+                rows[sync].append(await rig.publish(version))
     finally:
+        for rig in rigs.values():
+            rig.close()
+            await rig.pool.slots[0].client.close()
         server.stop()
+    out: dict[str, float] = {}
     e = engine.value
+    for sync, measured in rows.items():
+        measured = measured[1:]  # the first formed the group and was a full copy
+        for key in (*PHASES, "bytes"):
+            suffix = "bytes" if key == "bytes" else f"{key}_s"
+            out[f"weight_delta/{e}_{sync.value}_{suffix}"] = statistics.median(r[key] for r in measured)
+        if sync is SyncMode.delta:
+            assert all(r["delta"] for r in measured), "every measured update should have been a delta"
+            out[f"weight_delta/{e}_changed_share"] = statistics.median(r["changed"] for r in measured)
     out[f"weight_delta/{e}_delta_over_full"] = (
         out[f"weight_delta/{e}_delta_update_s"] / out[f"weight_delta/{e}_full_update_s"]
     )
@@ -253,7 +258,7 @@ async def engine_phases(
 
 def run(quick: bool = False) -> dict[str, float]:
     """Phases full vs delta on SGLang and vLLM (bf16), then the changed share per step."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # the trainer's own setting on CPU (trainer.threads)
     model_dir = bench_model()
     updates = 2 if quick else 8
     out: dict[str, float] = {}

@@ -28,6 +28,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 MAGIC = 0x4152_4541_4C44  # "AREALD"
@@ -66,7 +67,7 @@ class Entry:
 
 
 def _padded(raw: torch.Tensor) -> torch.Tensor:
-    flat = raw.reshape(-1).view(torch.uint8)
+    flat = raw.contiguous().reshape(-1).view(torch.uint8)
     extra = pad8(flat.numel()) - flat.numel()
     return torch.cat([flat, flat.new_zeros(extra)]) if extra else flat
 
@@ -76,25 +77,26 @@ def dense_entry(new: torch.Tensor) -> Entry:
 
 
 def encode_tensor(base: torch.Tensor, new: torch.Tensor) -> Entry:
-    """The cheapest exact entry that turns `base` into `new` (same shape and dtype, CPU)."""
-    base_bits, new_bits = bits(base), bits(new.contiguous())
+    """The cheapest exact entry that turns `base` into `new` (same shape and dtype, host memory).
+    Compared as numpy views: single-threaded, and ~5x faster than torch's bool reductions here."""
+    new = new.contiguous()
+    base_bits, new_bits = bits(base).numpy(), bits(new).numpy()
     mask = base_bits != new_bits
-    changed = int(mask.sum())
+    changed = int(np.count_nonzero(mask))
     if changed == 0:
         return Entry(SAME, 0, 0, ())
     numel, itemsize = new.numel(), new.element_size()
     # a cheap upper bound first: most of a dense change never needs the positions
     if (2 + itemsize) * changed > SPARSE_MAX_SHARE * numel * itemsize:
-        return Entry(DENSE, numel, changed, (_padded(new.contiguous()),))
+        return Entry(DENSE, numel, changed, (_padded(new),))
     mask[GAP_LIMIT - 1 :: GAP_LIMIT] = True  # anchors: no gap exceeds GAP_LIMIT
-    positions = mask.nonzero().reshape(-1)
-    count = positions.numel()
+    positions = np.flatnonzero(mask)
+    count = positions.size
     if pad8(2 * count) + pad8(itemsize * count) > SPARSE_MAX_SHARE * pad8(numel * itemsize):
-        return Entry(DENSE, numel, changed, (_padded(new.contiguous()),))
-    gaps = torch.diff(positions, prepend=positions.new_tensor([-1]))
-    # gaps are 1..GAP_LIMIT: as int16 the upper half wraps, its bytes are the uint16's
-    gaps16 = gaps.to(torch.int32).to(torch.int16)
-    return Entry(SPARSE, count, changed, (_padded(gaps16), _padded(new_bits[positions])))
+        return Entry(DENSE, numel, changed, (_padded(new),))
+    gaps = np.diff(positions, prepend=-1).astype(np.uint16)  # 1..GAP_LIMIT
+    values = new_bits[positions]
+    return Entry(SPARSE, count, changed, (_padded(torch.from_numpy(gaps)), _padded(torch.from_numpy(values))))
 
 
 def entry_bytes(kind: int, count: int, itemsize: int) -> int:
@@ -198,47 +200,51 @@ REASONS = {
 def apply_bucket(targets: list[torch.Tensor], header: Header, payload: torch.Tensor) -> list[int]:
     """Apply in place onto `targets` (the receiver's copy of the base version, CPU) and verify the
     crc of the result; on any failure every write is undone and DeltaRefused raised, so a refused
-    delta is never applied. Returns the indices of the tensors that changed."""
+    delta is never applied. Returns the indices of the tensors that changed.
+
+    Works on numpy views of the same memory: single-threaded copies, which inside a rollout
+    engine's process do not wait on its OpenMP threads (measured: 2 ms per update of the bench
+    model here, 128 ms through torch's 2-thread copies in SGLang's scheduler on a loaded machine)."""
     if payload.numel() != header.payload_bytes:
         raise DeltaRefused(
             MALFORMED, f"payload of {payload.numel()} bytes, header says {header.payload_bytes}"
         )
-    undo: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+    raw = payload.numpy()
+    undo: list[tuple[np.ndarray, np.ndarray | None, np.ndarray]] = []
     touched, offset = [], 0
     try:
         for i, (target, kind, count) in enumerate(zip(targets, header.kinds, header.counts, strict=True)):
             itemsize, numel = target.element_size(), target.numel()
             size = entry_bytes(kind, count, itemsize)
-            if offset + size > payload.numel():
+            if offset + size > raw.size:
                 raise DeltaRefused(MALFORMED, f"entry {i} runs past the payload")
-            flat = bits(target)
+            flat = bits(target).numpy()  # the target's own memory
             if kind == DENSE:
                 if count != numel:
                     raise DeltaRefused(SHAPE, f"entry {i} carries {count} elements, the tensor has {numel}")
-                new = payload[offset : offset + numel * itemsize].clone().view(flat.dtype)
-                undo.append((flat, None, flat.clone()))
-                flat.copy_(new)
+                undo.append((flat, None, flat.copy()))
+                np.copyto(flat, raw[offset : offset + numel * itemsize].view(flat.dtype))
                 touched.append(i)
             elif kind == SPARSE:
-                gaps = payload[offset : offset + 2 * count].clone().view(torch.int16).to(torch.int64) & 0xFFFF
+                gaps = raw[offset : offset + 2 * count].view(np.uint16).astype(np.int64)
                 vstart = offset + pad8(2 * count)
-                values = payload[vstart : vstart + itemsize * count].clone().view(flat.dtype)
-                positions = torch.cumsum(gaps, 0) - 1
+                values = raw[vstart : vstart + itemsize * count].view(flat.dtype)
+                positions = np.cumsum(gaps) - 1
                 if count and (int(gaps.min()) < 1 or int(positions[-1]) >= numel):
                     raise DeltaRefused(MALFORMED, f"entry {i} has a position outside its tensor")
-                undo.append((flat, positions, flat[positions].clone()))
+                undo.append((flat, positions, flat[positions]))
                 flat[positions] = values
                 touched.append(i)
             offset += size
-        if offset != payload.numel():
-            raise DeltaRefused(MALFORMED, f"{payload.numel() - offset} payload bytes left over")
+        if offset != raw.size:
+            raise DeltaRefused(MALFORMED, f"{raw.size - offset} payload bytes left over")
         got = crc_of(targets)
         if got != header.crc:
             raise DeltaRefused(CHECKSUM, f"crc32 {got:08x} after applying, sender's {header.crc:08x}")
     except BaseException:
         for flat, positions, old in reversed(undo):
             if positions is None:
-                flat.copy_(old)
+                np.copyto(flat, old)
             else:
                 flat[positions] = old
         raise
