@@ -7,7 +7,7 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install system-packages run test test-gpu test-unit lint format bench ablate clean ci warmstart vllm-venv eval scale
+.PHONY: install system-packages run test test-repeat test-gpu test-unit lint format bench ablate clean ci warmstart vllm-venv eval scale
 # rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
 NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
@@ -61,6 +61,14 @@ TEST_WORKERS ?= 2
 TEST_ARGS ?=
 test: install vllm-venv system-packages
 	$(PY) -m pytest -m "not gpu" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) --durations=20 $(TEST_ARGS) tests
+
+# The flakiest groups again and again (fresh pytest each time); every test that ever failed is
+# reported with its failures, JUnit XML and logs in runs/test-repeat/<time>/ (tests/repeat.py).
+# make test-repeat N=5 GROUPS="e2e slurm engines"   (groups: e2e slurm engines trainers reward bench unit)
+N ?= 5
+GROUPS ?= e2e slurm engines
+test-repeat: install vllm-venv system-packages
+	$(PY) tests/repeat.py --runs $(N) --workers $(TEST_WORKERS) $(GROUPS) $(if $(TEST_ARGS),-- $(TEST_ARGS))
 
 test-unit: install
 	$(PY) -m pytest -m "not gpu" tests/unit

@@ -9,6 +9,7 @@ component only its own slice. Everything is re-exported here: `from areal_jobs.c
 
 from areal_jobs.config.algo import Advantage, AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig, Placement
+from areal_jobs.config.control import ControlConfig
 from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
 from areal_jobs.config.job import (
     TOKEN_ENV,
@@ -44,6 +45,7 @@ __all__ = [
     "CheckpointConfig",
     "ClusterConfig",
     "ClusterKind",
+    "ControlConfig",
     "Placement",
     "DType",
     "DataConfig",

@@ -27,6 +27,8 @@ class StageSender:
         self.backend = backend
         self.sender = sender
         self.group = group
+        self.base_timeout_s = group.timeout_s if group is not None else 0.0  # weight_sync.step_timeout_s
+        self._formed = False
 
     @classmethod
     def create(cls, cfg: WeightSyncConfig, backend: TrainBackend, stage: int) -> StageSender:
@@ -49,8 +51,11 @@ class StageSender:
             for _ in self.backend.iter_weights():  # the TP gathers of this stage's export
                 pass
             return 0.0
+        # a repeat of an update that timed out gets longer stage timeouts (the controller's scale)
+        self.group.timeout_s = self.base_timeout_s * paused.timeout_scale
         if paused.init_group:
             self.group.init(paused.world_size, paused.group_generation)
+            self._formed = True
         elif not self.group.ready:
             raise RuntimeError("the controller reused a broadcast group this trainer never formed")
         weights = dict(self.backend.iter_weights())
@@ -69,6 +74,12 @@ class StageSender:
             self.group.destroy()
             raise
         return sent
+
+    @property
+    def dropped_group(self) -> bool:
+        """This sender formed a group once and dropped it (a broadcast that broke off): the
+        controller must form the groups again before the next broadcast (PauseRequest.regroup)."""
+        return self.group is not None and self._formed and not self.group.ready
 
     def close(self) -> None:
         if self.group is not None:
