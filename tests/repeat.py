@@ -52,8 +52,12 @@ def parse_junit(path: Path) -> dict[str, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("groups", nargs="*", default=["e2e", "slurm", "engines"], help=f"of {sorted(GROUPS)}, or paths")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "groups", nargs="*", default=["e2e", "slurm", "engines"], help=f"of {sorted(GROUPS)}, or paths"
+    )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
@@ -76,7 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     walls = []
     for run in range(1, args.runs + 1):
         xml = out / f"run-{run}.xml"
-        cmd = [sys.executable, "-m", "pytest", "-m", "not gpu", "-p", "no:cacheprovider", f"--junitxml={xml}", "-q"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "not gpu",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={xml}",
+            "-q",
+        ]
         if args.workers > 0:
             cmd += ["-n", str(args.workers), "--dist", "loadgroup", "--no-loadscope-reorder"]
         cmd += [*extra, *paths]

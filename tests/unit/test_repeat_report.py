@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import repeat  # noqa: E402  (tests/repeat.py)
 
-FLAKY = '''
+FLAKY = """
 from pathlib import Path
 
 COUNTER = Path(__file__).with_name("runs.txt")
@@ -24,7 +24,7 @@ def test_fails_in_the_second_run():
     runs = int(COUNTER.read_text()) + 1 if COUNTER.exists() else 1
     COUNTER.write_text(str(runs))
     assert runs != 2, "the second run's failure"
-'''
+"""
 
 
 def test_a_failure_in_one_repetition_is_reported_and_fails_the_command(tmp_path, capsys):

@@ -52,7 +52,9 @@ def fire(arm: Path, order: dict, proc, timeout_s: float = 600) -> dict:
     return json.loads(fired.read_text())
 
 
-def test_a_starved_and_stalling_run_finishes_with_every_sample_trained_once(tmp_path, tiny_model_dir, record_property):
+def test_a_starved_and_stalling_run_finishes_with_every_sample_trained_once(
+    tmp_path, tiny_model_dir, record_property
+):
     run_dir = tmp_path / "starved"
     stall_server, stall_trainer = tmp_path / "stall-server.json", tmp_path / "stall-trainer.json"
     env = {
@@ -115,7 +117,9 @@ def test_a_starved_and_stalling_run_finishes_with_every_sample_trained_once(tmp_
     assert len(samples) == len(set(samples)) == STEPS * B * G  # none lost, none twice
     trained = [i for r in rows for i in r["data_indices"]]
     assert len(trained) == len(set(trained)) == STEPS * B
-    assert all(r["max_staleness"] <= ETA and r["trained_at_version"] - r["oldest_version"] <= ETA for r in rows)
+    assert all(
+        r["max_staleness"] <= ETA and r["trained_at_version"] - r["oldest_version"] <= ETA for r in rows
+    )
     final = json.loads((run_dir / "rollout_final.json").read_text())
     pending = set(final["in_progress"]) | set(final["untrained"]) | set(final["requeued"])
     assert not pending & set(trained)
