@@ -25,8 +25,9 @@ class Attention(enum.Enum):
     # CUDA only: torch's varlen_attn (FlashAttention-2 in libtorch), all sequences in one kernel
     # from cu_seqlens; refused on CPU, where libtorch has no such kernel
     varlen_attn = "varlen_attn"
-    # compiled FlexAttention with a document-causal block mask built once per micro-batch from
-    # cu_seqlens (the packed length bucketed to 512 tokens); on CPU it runs uncompiled (exact, slow)
+    # CUDA only: compiled FlexAttention with a document-causal block mask built once per
+    # micro-batch from cu_seqlens (the packed length bucketed to 512 tokens); refused on CPU, where
+    # FlexAttention has no backward
     flex = "flex"
 
 

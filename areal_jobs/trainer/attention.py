@@ -168,12 +168,11 @@ def hf_varlen_attention(
     return out[None], None
 
 
-def hf_attn_implementation(attention: Attention, device: torch.device | None = None) -> str:
-    """The `attn_implementation` to load a transformers model with for `trainer.attention`, on
-    `device` (None: CPU; varlen_attn is refused there)."""
+def hf_attn_implementation(attention: Attention) -> str:
+    """The `attn_implementation` to load a transformers model with for `trainer.attention` (the
+    backends refuse the CUDA-only kinds on CPU first: packed_attention.check_attention_device)."""
     if attention is Attention.dense:
         return "sdpa"  # transformers builds the block-diagonal mask from the restarting position ids
-    packed_attention.check_attention_device(attention.value, device)
     from transformers import AttentionInterface
 
     for kind, name in HF_NAMES.items():

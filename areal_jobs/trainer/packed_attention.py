@@ -4,8 +4,7 @@ Both take the whole micro-batch at once from its sequence boundaries (cu_seqlens
 default `varlen` calls SDPA once per sequence (trainer/attention.py):
 
   - varlen_attn: `torch.nn.attention.varlen.varlen_attn`, FlashAttention-2 inside libtorch, causal
-    as `window_size=(-1, 0)`. CUDA only (libtorch has no CPU kernel for it): refused on CPU by
-    `check_attention_device`. Its GQA flag came in torch 2.12; before it, K and V are repeated to
+    as `window_size=(-1, 0)`. CUDA only (libtorch has no CPU kernel for it). Its GQA flag came in torch 2.12; before it, K and V are repeated to
     every query head (a copy per layer).
   - flex: `flex_attention` with a document-causal BlockMask (token q sees kv iff same sequence and
     kv <= q). The mask is built once per micro-batch, straight from the boundaries at block level
@@ -13,7 +12,10 @@ default `varlen` calls SDPA once per sequence (trainer/attention.py):
     and shared by every layer. The row is padded to a multiple of `FLEX_BUCKET_TOKENS` (the padding
     is a sequence of its own, so no row is empty), which bounds the shapes the compiled kernel
     sees; torch.compile's automatic dynamic shapes then cover the rest. On CUDA the compiled
-    kernel runs; on CPU flex_attention runs uncompiled (it materialises the scores: exact, for tests).
+    kernel runs; on CPU flex_attention runs uncompiled and forward only (it materialises the
+    scores and has no CPU backward): the unit tests check the forward and the mask there.
+
+The trainers refuse both on CPU (`check_attention_device`, naming the override).
 
 `PackedLayout` holds what a micro-batch's layers share (the boundaries, their device copy, the
 block mask): `layout_of` returns the same object for every layer of one forward.
@@ -139,12 +141,14 @@ def document_block_mask(bounds: Sequence[int], padded_len: int, device, block: i
 
 
 def check_attention_device(attention: str, device: torch.device | None) -> None:
-    """varlen_attn has CUDA kernels only: refuse it elsewhere, naming the override."""
+    """varlen_attn and flex train on CUDA only (libtorch has no CPU varlen kernel; FlexAttention
+    no CPU backward): refuse them elsewhere, naming the override."""
     on_cuda = device is not None and torch.device(device).type == "cuda"
-    if attention == "varlen_attn" and not on_cuda:
+    if attention in ("varlen_attn", "flex") and not on_cuda:
+        why = "FlashAttention varlen kernel" if attention == "varlen_attn" else "FlexAttention (no CPU backward)"
         raise ValueError(
-            "trainer.attention=varlen_attn is torch's FlashAttention varlen kernel, CUDA only: on CPU "
-            "set trainer.attention=varlen (per-sequence SDPA, the default) or trainer.attention=flex"
+            f"trainer.attention={attention} is torch's {why}, CUDA only: on CPU set "
+            "trainer.attention=varlen (per-sequence SDPA, the default)"
         )
 
 
@@ -185,8 +189,15 @@ def varlen_attn_packed(
     from torch.nn.attention.varlen import varlen_attn
 
     check_attention_device("varlen_attn", query.device)
-    params = inspect.signature(varlen_attn).parameters
-    kwargs = {}
+    args, kwargs = varlen_attn_arguments(query, key, value, layout, scale, varlen_attn)
+    return varlen_attn(*args, **kwargs)
+
+
+def varlen_attn_arguments(query, key, value, layout: PackedLayout, scale, fn) -> tuple[tuple, dict]:
+    """The arguments of `fn` (torch's varlen_attn, whose keywords changed across versions) for
+    causal attention within each sequence of `layout`."""
+    params = inspect.signature(fn).parameters
+    kwargs = {"scale": scale}
     if key.shape[1] != query.shape[1]:
         if "enable_gqa" in params:
             kwargs["enable_gqa"] = True
@@ -198,5 +209,4 @@ def varlen_attn_packed(
     else:
         kwargs["is_causal"] = True
     cu = layout.cu_seqlens(query.device)
-    longest = layout.max_len
-    return varlen_attn(query, key, value, cu, cu, longest, longest, scale=scale, **kwargs)
+    return (query, key, value, cu, cu, layout.max_len, layout.max_len), kwargs

@@ -45,6 +45,7 @@ from areal_jobs.trainer.attention import hf_attn_implementation, packed_forward_
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
 from areal_jobs.trainer.logprobs import head_logprobs, resolve_kernel
+from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, token_weights
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
 
@@ -249,7 +250,8 @@ class TorchBackend:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(self.cfg.seed)
-        attention = hf_attn_implementation(self.cfg.attention, self.device)
+        check_attention_device(self.cfg.attention.value, self.device)
+        attention = hf_attn_implementation(self.cfg.attention)
         if self.cfg.compile:
             check_compile_device(self.device)
         self.model = AutoModelForCausalLM.from_pretrained(

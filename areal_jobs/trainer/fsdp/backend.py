@@ -50,6 +50,7 @@ from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.fsdp import state as fsdp_state
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
 from areal_jobs.trainer.logprobs import resolve_kernel
+from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.loss import LossStats, ppo_loss
 from areal_jobs.trainer.process_group import join_default_group
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
@@ -122,12 +123,13 @@ class FSDPBackend:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         torch.manual_seed(self.cfg.seed)
         self.kernel = resolve_kernel(self.cfg.logprob_kernel, self.device)
+        check_attention_device(self.cfg.attention.value, self.device)
         if self.cfg.compile:
             check_compile_device(self.device)
         model = AutoModelForCausalLM.from_pretrained(
             self.model_path,
             dtype=getattr(torch, self.dtype.value),
-            attn_implementation=hf_attn_implementation(self.cfg.attention, self.device),
+            attn_implementation=hf_attn_implementation(self.cfg.attention),
         )
         if self.lora.enabled:  # before sharding: the adapters are sharded with their decoder layer
             lora_adapters.apply_lora(model, self.lora, self.cfg.seed)
@@ -143,7 +145,7 @@ class FSDPBackend:
             reference = AutoModelForCausalLM.from_pretrained(
                 self.model_path,
                 dtype=getattr(torch, self.dtype.value),
-                attn_implementation=hf_attn_implementation(self.cfg.attention, self.device),
+                attn_implementation=hf_attn_implementation(self.cfg.attention),
             ).requires_grad_(False)
             self.reference = fsdp_state.shard(reference, self.cfg.fsdp_mixed_precision, self.device).eval()
         self.optimizer = torch.optim.AdamW(
