@@ -71,7 +71,9 @@ def case_float64_exact(temperature, entropy_grad):
     from areal_jobs.trainer.logprobs import full_vocab_logprobs
 
     hidden, weight, targets, a, b = inputs(torch.float64, seed=1)
-    got = run_head("triton", hidden, weight, targets, a, b, temperature=temperature, entropy_grad=entropy_grad)
+    got = run_head(
+        "triton", hidden, weight, targets, a, b, temperature=temperature, entropy_grad=entropy_grad
+    )
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     logp, entropy = full_vocab_logprobs(h, w, targets, temperature)
     ((logp * a).sum() + ((entropy * b).sum() if entropy_grad else 0.0)).backward()
@@ -186,7 +188,9 @@ def case_tp2_emulated():
     out["swapped_logp_err"] = float((combine_in_threads(wrong)[0][0] - one[0]).abs().max())
     # backward: the full dlogits over the real columns, then each shard's own
     lse, entropy = one[2], one[1]
-    full = logprob_kernels.chunk_dlogits_(hidden @ weight[:V].T, targets, lse, entropy, a.float(), None, temperature)
+    full = logprob_kernels.chunk_dlogits_(
+        hidden @ weight[:V].T, targets, lse, entropy, a.float(), None, temperature
+    )
     err = 0.0
     for rank in range(2):
         start = rank * 32
@@ -223,7 +227,9 @@ def gloo_rank(rank: int, world: int, port: int, queue) -> None:
         got = run_head("triton", hidden, shard, targets, a, b, num_valid=V, vocab_start=rank * per,
                        tp_group=dist.group.WORLD, chunk=7, **kw)  # fmt: skip
         want = run_head("torch", hidden.double(), weight[:V].double(), targets, a, b, chunk=7, **kw)
-        ref_w = torch.cat([want[3], torch.zeros(PADDED - V, H, dtype=torch.float64)])[rank * per : (rank + 1) * per]
+        ref_w = torch.cat([want[3], torch.zeros(PADDED - V, H, dtype=torch.float64)])[
+            rank * per : (rank + 1) * per
+        ]
         out = errors((got[0], got[1], got[2], got[3]), (want[0], want[1], want[2], ref_w))
         out["padding_grad"] = float(got[3][max(0, V - rank * per) :].abs().sum())
         out.update(sanity(*got))
@@ -255,7 +261,10 @@ def main() -> int:
         return 2
     torch.set_num_threads(1)
     logprob_kernels.CPU_BLOCK_V = 16  # rows of 50 columns: 4 blocks, the last partial
-    cases = {"float64_exact_t0.7_entropy": case_float64_exact(0.7, True), "float64_exact_t1": case_float64_exact(1.0, False)}
+    cases = {
+        "float64_exact_t0.7_entropy": case_float64_exact(0.7, True),
+        "float64_exact_t1": case_float64_exact(1.0, False),
+    }
     for t in (1.0, 0.7, 1.3):
         for eg in (False, True):
             cases[f"float32_t{t}_{'entropy' if eg else 'logp'}"] = case_float32(t, eg)

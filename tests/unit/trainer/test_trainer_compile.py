@@ -31,7 +31,9 @@ def tiny_model():
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
     )  # fmt: skip
     torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=hf_attn_implementation(Attention.varlen))
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation=hf_attn_implementation(Attention.varlen)
+    )
     enable_layer_recompute(model)
     return model.train()
 

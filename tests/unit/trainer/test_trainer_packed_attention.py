@@ -93,8 +93,13 @@ def test_flex_equals_per_sequence_sdpa():
     truth = attend(Attention.varlen, [t.double() for t in tensors])
     assert flex.shape == varlen.shape == (BOUNDS[-1], 4, 16) and flex.is_contiguous()
     eps, scale = torch.finfo(torch.float32).eps, float(truth.abs().max())
-    flex_err, varlen_err = float((flex.double() - truth).abs().max()), float((varlen.double() - truth).abs().max())
-    print(f"flex {flex_err / eps / scale:.1f} float32 ulps of the largest output, per-sequence {varlen_err / eps / scale:.1f}")
+    flex_err, varlen_err = (
+        float((flex.double() - truth).abs().max()),
+        float((varlen.double() - truth).abs().max()),
+    )
+    print(
+        f"flex {flex_err / eps / scale:.1f} float32 ulps of the largest output, per-sequence {varlen_err / eps / scale:.1f}"
+    )
     assert flex_err <= 8 * eps * scale and varlen_err <= 8 * eps * scale
 
 
@@ -111,7 +116,9 @@ def test_torch_backend_refuses_them_at_setup(tiny_model_dir):
     from areal_jobs.config import AlgoConfig, DType, TrainerConfig
     from areal_jobs.trainer.torch_backend import TorchBackend
 
-    backend = TorchBackend(TrainerConfig(attention=Attention.flex), AlgoConfig(), str(tiny_model_dir), DType.float32)
+    backend = TorchBackend(
+        TrainerConfig(attention=Attention.flex), AlgoConfig(), str(tiny_model_dir), DType.float32
+    )
     with pytest.raises(ValueError, match="trainer.attention=flex"):
         backend.setup()
 
@@ -133,13 +140,19 @@ def reference_varlen_attn(query, key, value, cu_q, cu_k, max_q, max_k, *, scale=
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         q, k, v = (t[a:b].transpose(0, 1)[None] for t in (query, key, value))
-        out.append(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)[0].transpose(0, 1))
+        out.append(
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)[
+                0
+            ].transpose(0, 1)
+        )
     return torch.cat(out)
 
 
 def old_varlen_attn(query, key, value, cu_q, cu_k, max_q, max_k, *, scale=None, is_causal=False):
     """A torch before 2.11 (is_causal) and 2.12 (enable_gqa)."""
-    return reference_varlen_attn(query, key, value, cu_q, cu_k, max_q, max_k, scale=scale, is_causal=is_causal)
+    return reference_varlen_attn(
+        query, key, value, cu_q, cu_k, max_q, max_k, scale=scale, is_causal=is_causal
+    )
 
 
 @pytest.mark.parametrize("fn", [reference_varlen_attn, old_varlen_attn])
@@ -199,7 +212,9 @@ def test_megatron_core_attention_takes_the_kind_from_its_layer_spec():
               "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024}  # fmt: skip
     dims = ModelDims.from_hf_config(config, vocab_multiple=128)
-    core = layer_spec(dims, use_te=False, attention=Attention.flex).submodules.self_attention.submodules.core_attention
+    core = layer_spec(
+        dims, use_te=False, attention=Attention.flex
+    ).submodules.self_attention.submodules.core_attention
     assert core.module is PackedCoreAttention and core.params == {"kind": Attention.flex}
     tensors = qkv()
     with torch.no_grad():
