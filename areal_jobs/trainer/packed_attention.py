@@ -145,7 +145,11 @@ def check_attention_device(attention: str, device: torch.device | None) -> None:
     no CPU backward): refuse them elsewhere, naming the override."""
     on_cuda = device is not None and torch.device(device).type == "cuda"
     if attention in ("varlen_attn", "flex") and not on_cuda:
-        why = "FlashAttention varlen kernel" if attention == "varlen_attn" else "FlexAttention (no CPU backward)"
+        why = (
+            "FlashAttention varlen kernel"
+            if attention == "varlen_attn"
+            else "FlexAttention (no CPU backward)"
+        )
         raise ValueError(
             f"trainer.attention={attention} is torch's {why}, CUDA only: on CPU set "
             "trainer.attention=varlen (per-sequence SDPA, the default)"

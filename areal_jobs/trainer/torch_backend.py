@@ -45,8 +45,8 @@ from areal_jobs.trainer.attention import hf_attn_implementation, packed_forward_
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
 from areal_jobs.trainer.logprobs import head_logprobs, resolve_kernel
-from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, token_weights
+from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
 
 logger = logging.getLogger(__name__)

@@ -50,8 +50,8 @@ from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.fsdp import state as fsdp_state
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
 from areal_jobs.trainer.logprobs import resolve_kernel
-from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.loss import LossStats, ppo_loss
+from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.process_group import join_default_group
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
 from areal_jobs.trainer.torch_backend import (
