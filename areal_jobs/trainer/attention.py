@@ -113,8 +113,8 @@ def packed_causal_attention(
         raise ValueError(
             f"trainer.attention={kind.value} has no attention dropout: set trainer.attention=varlen"
         )
-    if kind is Attention.varlen_attn:
-        return packed_attention.varlen_attn_packed(query, key, value, layout, scale=scale)
+    if kind is Attention.varlen_attn:  # its output takes q's strides: Megatron views it flat
+        return packed_attention.varlen_attn_packed(query, key, value, layout, scale=scale).contiguous()
     if kind is Attention.flex:
         return packed_attention.flex_attention_packed(query, key, value, layout, scale=scale)
     raise ValueError(f"trainer.attention={kind.value} is not a packed attention kernel")
