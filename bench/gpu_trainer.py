@@ -38,9 +38,8 @@ import threading
 import time
 from pathlib import Path
 
-from areal_jobs.config import TrainerBackend
 from bench import gpu_trainer_report as report
-from launch.planning.memory import GIB, TrainerMemoryInputs, trainer_memory
+from launch.planning.memory import GIB
 from launch.planning.memory_plan import USABLE_SHARE
 from launch.planning.model_shape import NAMED_SHAPES, shape_from_hf_config
 
@@ -88,22 +87,6 @@ def point_dict(backend, tokens, recompute, head, attention, lengths, compile_=Fa
                 attention=attention, compile=compile_, lengths=lengths)  # fmt: skip
 
 
-def predict(shape, point: dict, dtype_bytes: int, on_gpu: bool, kv_repeat: bool):
-    attention = "flex" if point["attention"] == "best" else point["attention"]
-    x = TrainerMemoryInputs(
-        backend=TrainerBackend(point["backend"]), param_bytes=dtype_bytes, compute_bytes=dtype_bytes,
-        tp=1, pp=1, dp=1, tokens=point["tokens"], scored_tokens=scored_tokens(point["lengths"]),
-        recompute=point["recompute"], attention=attention, logprob_chunk_tokens=1024,
-        vocab_multiple=128 if point["backend"] == "megatron" else 1, on_gpu=on_gpu,
-        logprob_kernel=point["head"], compile=point["compile"], kv_repeat=kv_repeat and attention == "varlen_attn",
-    )  # fmt: skip
-    return trainer_memory(shape, x)
-
-
-def scored_tokens(lengths: list[int]) -> int:
-    return sum(n - report.prompt_tokens(n) for n in lengths)
-
-
 def plan(
     args, shape, usable_bytes: int, backends: list[str], kv_repeat: bool
 ) -> tuple[list[dict], list[dict]]:
@@ -123,7 +106,7 @@ def plan(
             candidates += [(t, mode, chosen) for t in sizes]
         for tokens, mode, chosen in candidates:
             before = point_dict(backend, tokens, mode, *BEFORE, lengths[tokens])
-            need = predict(shape, before, dtype_bytes, not args.smoke, kv_repeat).total_bytes
+            need = report.predict(shape, before, dtype_bytes, not args.smoke, kv_repeat).total_bytes
             if usable_bytes and need > usable_bytes:
                 not_planned.append(
                     {
@@ -147,7 +130,7 @@ def estimate(points: list[dict], shape, peak: float | None, smoke: bool) -> list
     for p in points:
         seconds = costs["point"]
         if not smoke and peak:
-            hw = flops(shape, p)["hardware"] / (ASSUMED_HFU * peak)
+            hw = report.point_flops(shape, p)["hardware"] / (ASSUMED_HFU * peak)
             seconds += (1 + TIMED_STEPS) * hw * (1.5 if p["head"] == "torch" else 1.0)
         if p["attention"] in ("flex", "best"):
             first_process = not flex_sizes or p["backend"] in flex_sizes and len(flex_sizes) == 1
@@ -164,14 +147,6 @@ def estimate(points: list[dict], shape, peak: float | None, smoke: bool) -> list
         seconds += costs["compile"] if p["compile"] else 0
         out.append(seconds)
     return out
-
-
-def flops(shape, point: dict) -> dict[str, float]:
-    return report.step_flops(
-        layers=shape.num_layers, hidden=shape.hidden_size, heads=shape.num_heads, kv_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim, ffn=shape.intermediate_size, vocab=shape.vocab_size, num_params=shape.num_params(),
-        lengths=point["lengths"], scored=scored_tokens(point["lengths"]), recompute=point["recompute"],
-    )  # fmt: skip
 
 
 def gpu_name_and_memory() -> tuple[str, int] | None:
@@ -321,15 +296,15 @@ def write(out_dir, args, shape, device, peak, rows, notes, start, budget, kv_rep
     points = []
     for r in rows:
         r = {k: v for k, v in r.items() if k != "estimate_s"}
-        estimate_ = predict(shape, r, 4 if args.smoke else 2, on_gpu, kv_repeat)
+        estimate_ = report.predict(shape, r, 4 if args.smoke else 2, on_gpu, kv_repeat)
         r.update(
             predicted_allocated_bytes=estimate_.allocated_bytes, predicted_reserved_bytes=estimate_.reserved_bytes,
-            predicted_total_bytes=estimate_.total_bytes, scored_tokens=scored_tokens(r["lengths"]),
+            predicted_total_bytes=estimate_.total_bytes, scored_tokens=report.scored_tokens(r["lengths"]),
             num_sequences=len(r["lengths"]), longest=max(r["lengths"]),
         )  # fmt: skip
         if r.get("status") == "ok":
             r["tokens_per_s"] = r["tokens"] / r["step_s"]
-            r.update(report.utilisation(flops(shape, r), r["step_s"], peak))
+            r.update(report.utilisation(report.point_flops(shape, r), r["step_s"], peak))
         points.append(r)
     result = {
         "command": " ".join(["python -m bench.gpu_trainer", *args.argv]),

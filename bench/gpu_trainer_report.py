@@ -1,5 +1,6 @@
 """What bench/gpu_trainer.py counts and prints: FLOPs in three units, the peak table, the batch
-shape, the markdown table and the memory model's refit. Pure (no torch): unit-tested on CPU.
+shape, the planner's prediction of a point, the markdown table and the memory model's refit. Pure
+(no torch): unit-tested on CPU.
 
 FLOPs of one training step of one packed micro-batch of T tokens (sequences l_i, n scored tokens),
 a model of L layers, hidden H, query width q (heads x head_dim), P_layer parameters per layer,
@@ -20,6 +21,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+
+from areal_jobs.config import TrainerBackend
+from launch.planning.memory import TrainerMemoryInputs, trainer_memory
 
 # dense bf16 tensor-core peak per device, by name as torch reports it (first match wins; no sparsity).
 # NVIDIA's datasheets give the with-sparsity figure: H100 SXM 1,979 TFLOP/s -> 989 dense; H100 PCIe
@@ -63,6 +67,22 @@ def prompt_tokens(length: int) -> int:
     return max(1, min(256, length // 4))
 
 
+def scored_tokens(lengths: list[int]) -> int:
+    return sum(n - prompt_tokens(n) for n in lengths)
+
+
+def predict(shape, point: dict, dtype_bytes: int, on_gpu: bool, kv_repeat: bool):
+    attention = "flex" if point["attention"] == "best" else point["attention"]
+    x = TrainerMemoryInputs(
+        backend=TrainerBackend(point["backend"]), param_bytes=dtype_bytes, compute_bytes=dtype_bytes,
+        tp=1, pp=1, dp=1, tokens=point["tokens"], scored_tokens=scored_tokens(point["lengths"]),
+        recompute=point["recompute"], attention=attention, logprob_chunk_tokens=1024,
+        vocab_multiple=128 if point["backend"] == "megatron" else 1, on_gpu=on_gpu,
+        logprob_kernel=point["head"], compile=point["compile"], kv_repeat=kv_repeat and attention == "varlen_attn",
+    )  # fmt: skip
+    return trainer_memory(shape, x)
+
+
 def layer_matmul_params(hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int) -> int:
     q, kv = heads * head_dim, kv_heads * head_dim
     return hidden * (q + 2 * kv) + q * hidden + 3 * hidden * ffn
@@ -92,6 +112,14 @@ def step_flops(
     peers = (6 * num_params + 12 * layers * hidden * tokens) * tokens
     again = head_fwd + {"full": layer_fwd + attn_fwd, "selective": attn_fwd}.get(recompute, 0)
     return {"ours": float(ours), "peers": float(peers), "hardware": float(ours + again)}
+
+
+def point_flops(shape, point: dict) -> dict[str, float]:
+    return step_flops(
+        layers=shape.num_layers, hidden=shape.hidden_size, heads=shape.num_heads, kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim, ffn=shape.intermediate_size, vocab=shape.vocab_size, num_params=shape.num_params(),
+        lengths=point["lengths"], scored=scored_tokens(point["lengths"]), recompute=point["recompute"],
+    )  # fmt: skip
 
 
 def utilisation(flops: dict[str, float], step_s: float, peak: float | None) -> dict[str, float | None]:

@@ -1,4 +1,4 @@
-"""`python -m bench.gpu_trainer --smoke`: the GPU bench's code on CPU (~1.5 minutes on 2 cores).
+"""`python -m bench.gpu_trainer --smoke`: the GPU bench's code on CPU (75-115 s on 2 cores).
 
 One process per backend (the torch backend and Megatron over gloo), a 2-layer Qwen2 of the
 shape's kind, float32, at 512 and 256 tokens: each point switches head, attention and recompute on
@@ -19,8 +19,10 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_smoke_runs_every_backend_head_and_recompute_mode(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_trainer", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        # a budget no loaded CI machine reaches: this checks what runs, not how fast (the default
+        # 170 s is for a person; ~75-115 s measured on the shared 2-core machine)
+        [sys.executable, "-m", "bench.gpu_trainer", "--smoke", "--budget-s", "1200", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads((tmp_path / "gpu_trainer.json").read_text())
