@@ -222,3 +222,18 @@ def test_megatron_core_attention_takes_the_kind_from_its_layer_spec():
     eps = torch.finfo(torch.float32).eps
     want = attend(Attention.varlen, tensors)
     assert float((got - want).abs().max()) <= 8 * eps * float(want.abs().max())
+
+
+def test_launch_local_refuses_them_before_any_process_starts(monkeypatch):
+    """`make run` with a CUDA-only kind where the trainer runs on the CPU: refused by the launcher."""
+    from areal_jobs.config import JobConfig, TrainerBackend, TrainerConfig
+    from launch.run import local
+
+    with pytest.raises(SystemExit, match="trainer.attention=flex is"):
+        local.check_trainer_kernels(JobConfig(trainer=TrainerConfig(attention=Attention.flex)))
+    local.check_trainer_kernels(JobConfig())  # the default: per-sequence SDPA
+    monkeypatch.setattr("areal_jobs.rollout.server.cuda_available", lambda: True)
+    megatron = TrainerConfig(backend=TrainerBackend.megatron, attention=Attention.varlen_attn)
+    local.check_trainer_kernels(JobConfig(trainer=megatron))  # trains on the GPU
+    with pytest.raises(SystemExit, match="trainer.attention=varlen_attn is"):  # trainer=torch trains on the CPU
+        local.check_trainer_kernels(JobConfig(trainer=TrainerConfig(attention=Attention.varlen_attn)))
