@@ -10,7 +10,8 @@ on/off; Megatron's TransformerConfig recompute fields and the attention modules'
 `checkpoint_core_attention`, which its forward reads at run time (the same code paths a model
 built with that mode takes). Per point: one warm-up step (compiles, autotuning, Adam state), then
 the caching allocator is emptied and its peaks reset, and two timed steps of one packed
-micro-batch. Prints `POINT {json}` per point as it ends (the parent keeps what a killed process
+micro-batch (the step time is the last one's: the first pays the emptied allocator's cudaMalloc
+calls; the peaks are over both). Prints `POINT {json}` per point as it ends (the parent keeps what a killed process
 printed), or `SKIP {json}` once the deadline is too near for the next point.
 
 On CPU (the smoke) memory is the process's peak RSS above its baseline before the model existed,
@@ -220,7 +221,8 @@ def run_point(backend, point: dict, memory: Memory, spec: dict) -> dict:
         losses.append(float(metrics["train/loss"]))
     if not all(np.isfinite(losses)):
         raise FloatingPointError(f"non-finite loss {losses}")
-    step_s = statistics.median(times)
+    # the last step: the first after the allocator was emptied pays its cudaMalloc calls again
+    step_s = times[-1]
     del batch
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return {"status": "ok", "step_s": step_s, "step_times_s": times, "loss": losses[-1], **memory.read()}
