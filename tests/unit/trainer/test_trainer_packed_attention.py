@@ -235,5 +235,7 @@ def test_launch_local_refuses_them_before_any_process_starts(monkeypatch):
     monkeypatch.setattr("areal_jobs.rollout.server.cuda_available", lambda: True)
     megatron = TrainerConfig(backend=TrainerBackend.megatron, attention=Attention.varlen_attn)
     local.check_trainer_kernels(JobConfig(trainer=megatron))  # trains on the GPU
-    with pytest.raises(SystemExit, match="trainer.attention=varlen_attn is"):  # trainer=torch trains on the CPU
+    with pytest.raises(
+        SystemExit, match="trainer.attention=varlen_attn is"
+    ):  # trainer=torch trains on the CPU
         local.check_trainer_kernels(JobConfig(trainer=TrainerConfig(attention=Attention.varlen_attn)))
