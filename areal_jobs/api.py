@@ -96,6 +96,14 @@ class GenerateResponse:
     weight_version: int  # the policy version every token of this segment was sampled under
 
 
+class Health(enum.Enum):
+    """What one health probe of a rollout server found."""
+
+    up = "up"
+    no_answer = "no_answer"  # a timeout, an error status or a dropped connection: maybe only slow
+    refused = "refused"  # nothing listens on the port: the server process is gone
+
+
 class GenerationClient(Protocol):
     """Generation on one rollout server: what the controller's samples and evaluations use."""
 
@@ -107,6 +115,10 @@ class GenerationClient(Protocol):
         ...
 
     async def healthy(self) -> bool: ...
+
+    async def health(self) -> Health:
+        """One probe: up, no answer (maybe slow), or refused (gone)."""
+        ...
 
     async def abort_all(self) -> None:
         """Abort every request on the server; each returns its partial tokens."""

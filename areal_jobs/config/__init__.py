@@ -9,6 +9,7 @@ component only its own slice. Everything is re-exported here: `from areal_jobs.c
 
 from areal_jobs.config.algo import Advantage, AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig, Placement
+from areal_jobs.config.control import ControlConfig
 from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
 from areal_jobs.config.job import (
     TOKEN_ENV,
@@ -37,6 +38,7 @@ from areal_jobs.config.trainer import (
     Attention,
     CheckpointConfig,
     DistBackend,
+    LogprobKernel,
     Recompute,
     SyncMode,
     TrainerBackend,
@@ -52,6 +54,7 @@ __all__ = [
     "CheckpointConfig",
     "ClusterConfig",
     "ClusterKind",
+    "ControlConfig",
     "Placement",
     "DType",
     "DataConfig",
@@ -59,6 +62,7 @@ __all__ = [
     "DistBackend",
     "JobConfig",
     "LaunchConfig",
+    "LogprobKernel",
     "LoraConfig",
     "LoraFinal",
     "LoraShip",

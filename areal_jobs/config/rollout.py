@@ -110,7 +110,9 @@ class RolloutConfig:
     pause_mode: PauseMode = PauseMode.in_place
     request_timeout_s: float = 600.0  # one /generate call (a long answer on a slow CPU)
     call_timeout_s: float = 60.0  # control calls: pause, continue, health, weight-update steps
-    server_start_timeout_s: float = 300.0
+    server_start_timeout_s: float = (
+        300.0  # a starting server with no progress (CPU, log) this long is given up on
+    )
     health_interval_s: float = 5.0
     max_server_restarts: int = 3  # local mode: a server that dies is restarted this often per run
     max_total_tokens: int = 32768  # server KV-cache capacity in tokens (CPU mode)

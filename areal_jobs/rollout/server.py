@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 
 from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config, serving_dtype
@@ -117,31 +118,82 @@ class ServerProcess:
     api_key: str
     process: subprocess.Popen
     engine: RolloutEngine = RolloutEngine.sglang
+    log_path: Path | None = None  # its output: progress while it starts, the last line on failure
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+    def wait_healthy(self, timeout_s: float, deadline_s: float | None = None) -> None:
+        """Wait until GET /health answers 200. Not a fixed timeout: the wait goes on while the
+        server makes progress (its processes use CPU, or its log grows), so a server that starts
+        slowly on a starved node is waited for; it gives up after `timeout_s` without progress
+        (rollout.server_start_timeout_s), at `deadline_s` whatever happens (default: an hour, at
+        least `timeout_s`), or when the process exits. The error says what was waited for."""
+        start = time.monotonic()
+        deadline = start + (deadline_s if deadline_s is not None else max(timeout_s, 3600.0))
         headers = {"Authorization": f"Bearer {self.api_key}"}
-        while time.monotonic() < deadline:
+        progress, last_progress, last_answer = self._progress(), start, "no answer yet"
+        while True:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"{self.engine.value} server on port {self.port} exited with code {self.process.returncode}"
+                    f"{self.engine.value} server on port {self.port} exited with code "
+                    f"{self.process.returncode} while starting{self._last_log_line()}"
                 )
             try:
-                if requests.get(f"{self.url}/health", headers=headers, timeout=5).status_code == 200:
+                r = requests.get(f"{self.url}/health", headers=headers, timeout=5)
+                if r.status_code == 200:
                     if self.engine is RolloutEngine.sglang:
                         self._freeze_gc(headers)
                     return
-            except requests.RequestException:
-                pass
+                last_answer = f"HTTP {r.status_code}"
+            except requests.ConnectionError:
+                last_answer = "connection refused (not listening yet)"
+            except requests.RequestException as exc:
+                last_answer = f"{type(exc).__name__}"
+            now = time.monotonic()
+            current = self._progress()
+            if current != progress:
+                progress, last_progress = current, now
+            stalled = now - last_progress >= timeout_s
+            if stalled or now >= deadline:
+                cpu_s, log_bytes = progress
+                why = (
+                    f"no progress for {now - last_progress:.0f}s (rollout.server_start_timeout_s={timeout_s:.0f})"
+                    if stalled
+                    else f"start-up deadline of {deadline - start:.0f}s reached"
+                )
+                raise TimeoutError(
+                    f"{self.engine.value} server on port {self.port} (pid {self.process.pid}) not healthy "
+                    f"after {now - start:.0f}s: waited for GET /health to answer 200 (last: {last_answer}); "
+                    f"{why}; its processes used {cpu_s:.1f}s of CPU, its log is {log_bytes} bytes"
+                    f"{self._last_log_line()}. Raise rollout.server_start_timeout_s or check the server log"
+                )
             time.sleep(0.5)
-        raise TimeoutError(
-            f"{self.engine.value} server on port {self.port} not healthy after {timeout_s:.0f}s: "
-            "raise rollout.server_start_timeout_s or check the server log"
-        )
+
+    def _progress(self) -> tuple[float, int]:
+        """(CPU seconds of the server's process tree, log size): what changes while it works."""
+        cpu_s = 0.0
+        try:
+            root = psutil.Process(self.process.pid)
+            for proc in (root, *root.children(recursive=True)):
+                try:
+                    times = proc.cpu_times()
+                    cpu_s += times.user + times.system
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            pass
+        log_bytes = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
+        return round(cpu_s, 2), log_bytes
+
+    def _last_log_line(self) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as f:
+            f.seek(max(0, self.log_path.stat().st_size - 4096))
+            lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+        return f"; last log line: {lines[-1][:300]!r}" if lines else ""
 
     def _freeze_gc(self, headers: dict[str, str]) -> None:
         """Move everything the server built at start-up (modules, model, tokenizer) out of the
@@ -204,7 +256,9 @@ def start_server(
         "cpu" if cpu else "gpu",
         dtype.value,
     )
-    return ServerProcess(host=host, port=port, api_key=api_key, process=proc, engine=rollout.engine)
+    return ServerProcess(
+        host=host, port=port, api_key=api_key, process=proc, engine=rollout.engine, log_path=log_path
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
-        server.wait_healthy(cfg.rollout.server_start_timeout_s)
+        server.wait_healthy(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
         discovery.register_server(run_dir, args.index, host, port, server.process.pid)
         logger.info("server %d ready at %s", args.index, server.url)
         code = server.process.wait()

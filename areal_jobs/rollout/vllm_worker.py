@@ -57,7 +57,7 @@ class BroadcastWeightReceiver:
         name = args["group_name"]
         rank = int(args["rank_offset"]) + int(getattr(self, "rank", 0))
         world = int(args["world_size"])
-        timeout = timedelta(seconds=float(args["timeout_s"]))
+        timeout = timedelta(seconds=float(args["group_timeout_s"]))
         t0 = time.monotonic()
         store, _, _ = next(
             rendezvous(f"tcp://{args['master_address']}:{args['master_port']}", rank, world, timeout=timeout)
@@ -160,7 +160,10 @@ class BroadcastWeightReceiver:
         files = sorted(Path(json.loads(payload)["path"]).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {json.loads(payload)['path']}")
-        self.areal_begin_update()
+        if not self._areal_state()[
+            "loading"
+        ]:  # a repeat (rollout/control_calls.py) loads into the open reload
+            self.areal_begin_update()
         model = self.model_runner.get_model()
         for file in files:
             model.load_weights(weights=list(load_file(str(file)).items()))

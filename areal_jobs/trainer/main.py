@@ -70,8 +70,9 @@ def lead(cfg: JobConfig, run_dir: Path, token: str, backend: ranks.LeaderBackend
     inbox = session.connect(cfg, run_dir, token)
     adapters = run_dir / "weights" / "lora" if cfg.model.lora.ship is LoraShip.adapter else None
     publisher = WeightPublisher(
-        cfg.weight_sync, inbox, backend.channel, stage, senders, run_dir / "weights", adapters
-    )
+        cfg.weight_sync, inbox, backend.channel, stage, senders, run_dir / "weights", adapters,
+        update_deadline_s=cfg.control.update_deadline_s,
+    )  # fmt: skip
     loop, resumed = session.open_loop(cfg, run_dir, backend, inbox, publisher, preempt)
     saved_step = loop.step if resumed else -1
     try:

@@ -64,8 +64,12 @@ class WeightPublisher:
         senders: tuple[WeightSender, ...],
         disk_dir: Path,
         adapter_dir: Path | None = None,
+        update_deadline_s: float = 0.0,
     ) -> None:
         self.cfg = cfg
+        # how long one update may take, its repeats included (control.update_deadline_s); the
+        # waits end sooner when the controller falls silent (the inbox's silence bound)
+        self.update_deadline_s = max(update_deadline_s, cfg.step_timeout_s)
         self.inbox = inbox
         self.channel = channel
         self.local = local
@@ -84,7 +88,7 @@ class WeightPublisher:
         elif self.cfg.method is WeightSync.disk:
             disk_path = str(self.disk_dir / f"v{version}")
             backend.save_hf(disk_path)
-        retries = 0
+        retries = slow_retries = 0
         while True:
             self.inbox.send(
                 m.PauseRequest(
@@ -94,10 +98,11 @@ class WeightPublisher:
                     trained,
                     disk_path=disk_path,
                     adapter_path=adapter_path,
+                    regroup=self.local.dropped_group,
                 )  # fmt: skip
             )
             paused = self.inbox.wait_for(
-                m.Paused, self.cfg.step_timeout_s, f"pausing generation for version {version}"
+                m.Paused, self.update_deadline_s, f"pausing generation for version {version}"
             )
             t_paused = time.monotonic()
             sent_bytes = 0.0
@@ -119,21 +124,29 @@ class WeightPublisher:
             t_sent = time.monotonic()
             reply = self.inbox.wait_for(
                 (m.VersionPublished, m.UpdateRetry),
-                self.cfg.step_timeout_s,
+                self.update_deadline_s,
                 f"servers loading version {version}",
             )
             if isinstance(reply, m.VersionPublished):
                 published = reply
                 break
             retries += 1
-            if retries > MAX_UPDATE_RETRIES:
+            slow = not reply.lost_servers  # a stage timed out with every server alive
+            slow_retries += slow
+            if slow_retries > m.MAX_SLOW_UPDATE_RETRIES or retries - slow_retries > MAX_UPDATE_RETRIES:
                 raise RuntimeError(
                     f"the update to version {version} was retried {retries - 1} times; giving up"
                 )
-            logger.warning(
-                "servers %s died during the update to version %d (%s): sending it again to the others",
-                list(reply.lost_servers), version, reply.stage,
-            )  # fmt: skip
+            if slow:
+                logger.warning(
+                    "the update to version %d timed out at %s with every server alive: sending it "
+                    "again with longer stage timeouts", version, reply.stage,
+                )  # fmt: skip
+            else:
+                logger.warning(
+                    "servers %s died during the update to version %d (%s): sending it again to the others",
+                    list(reply.lost_servers), version, reply.stage,
+                )  # fmt: skip
         if disk_path:
             self._prune_disk(self.disk_dir, keep=version)
         if adapter_path:  # the servers hold it now (a vLLM server may re-read an evicted one)

@@ -102,6 +102,9 @@ class PauseRequest:
     trained_group_ids: tuple[str, ...] = ()  # the step's batch; the controller's ledger
     disk_path: str = ""  # weight_sync.method=disk: load this HF directory instead of broadcasting
     adapter_path: str = ""  # model.lora.ship=adapter: load this PEFT directory (nothing broadcast)
+    # the trainer dropped its broadcast group (its half of an earlier broadcast timed out, though the
+    # servers may have received it all): the groups must be formed again before this broadcast
+    regroup: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,9 @@ class Paused:
     world_size: int  # per sender group: 1 (the sender) + every server rank
     init_group: bool  # True: the groups must be (re)created before the broadcast
     group_generation: int  # groups are named "<sender.group_name>-<generation>"; new on every (re)creation
+    # every stage timeout of this attempt is weight_sync.step_timeout_s times this: 1, then 2, 4, ...
+    # for each time the same version was sent again after a stage timed out with every server alive
+    timeout_scale: float = 1.0
     # the version every server of this update holds from a completed update; -1 when they differ
     # or one is new, restarted or was in a broken update (weight_sync.sync=delta: only onto it)
     servers_version: int = -1
@@ -153,13 +159,19 @@ class UpdateFailed:
 # UpdateRetry is sent at most this often for one version: servers dying inside the same update
 # again and again end the run (the controller then sends UpdateFailed; the trainer gives up too)
 MAX_UPDATE_RETRIES = 3
+# ... and at most this often, besides, when a stage timed out while every server still answers (a
+# slow machine, a stalled trainer): each such repeat doubles the stage timeouts, within
+# control.update_deadline_s
+MAX_SLOW_UPDATE_RETRIES = 4
 
 
 @dataclass(frozen=True, slots=True)
 class UpdateRetry:
     """Controller -> trainer: servers `lost` died during the update to `version`; they left the
     pool and the others stay paused. Drop this broadcast and ask again (PauseRequest, same version):
-    the groups are re-formed without them, and the survivors receive every bucket again."""
+    the groups are re-formed without them, and the survivors receive every bucket again. `lost`
+    empty: a stage timed out while every server still answers (a slow machine); the same, with
+    longer stage timeouts (the next Paused says how much longer)."""
 
     version: int
     lost_servers: tuple[int, ...]

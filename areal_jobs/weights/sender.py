@@ -60,6 +60,8 @@ class StageSender:
         self.sync = sync
         self.full_every = full_every
         self.copy = SenderCopy(pin=torch.cuda.is_available()) if sync is SyncMode.delta else None
+        self.base_timeout_s = group.timeout_s if group is not None else 0.0  # weight_sync.step_timeout_s
+        self._formed = False
 
     @classmethod
     def create(
@@ -88,8 +90,11 @@ class StageSender:
             for _ in self.backend.iter_weights():  # the TP gathers of this stage's export
                 pass
             return phases
+        # a repeat of an update that timed out gets longer stage timeouts (the controller's scale)
+        self.group.timeout_s = self.base_timeout_s * paused.timeout_scale
         if paused.init_group:
             self.group.init(paused.world_size, paused.group_generation)
+            self._formed = True
         elif not self.group.ready:
             raise RuntimeError("the controller reused a broadcast group this trainer never formed")
         t0 = time.perf_counter()
@@ -163,6 +168,12 @@ class StageSender:
         t_keep = time.perf_counter()
         copy.keep(names, new)
         phases.stage_s += time.perf_counter() - t_keep
+
+    @property
+    def dropped_group(self) -> bool:
+        """This sender formed a group once and dropped it (a broadcast that broke off): the
+        controller must form the groups again before the next broadcast (PauseRequest.regroup)."""
+        return self.group is not None and self._formed and not self.group.ready
 
     def close(self) -> None:
         if self.group is not None:

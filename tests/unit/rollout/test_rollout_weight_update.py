@@ -31,7 +31,7 @@ class Recorder:
     async def resume(self):
         await self._call("resume")
 
-    async def init_weights_update_group(self, addr, port, offset, world, name, backend):
+    async def init_weights_update_group(self, addr, port, offset, world, name, backend, timeout_s=None):
         await self._call("init", offset, world, name)
 
     async def destroy_weights_update_group(self, name):
@@ -40,7 +40,7 @@ class Recorder:
     async def begin_weight_update(self):
         await self._call("begin")
 
-    async def update_weights_from_distributed(self, tensors, name, version):
+    async def update_weights_from_distributed(self, tensors, name, version, timeout_s=None):
         await self._call("bucket", name, version, len(tensors))
 
     async def end_weight_update(self):
@@ -234,7 +234,7 @@ def test_only_a_known_server_that_is_down_and_not_joining_can_rejoin():
 class DiesAtBucket(Recorder):
     """kill -9 in the middle of the broadcast: its bucket call fails, its health check too."""
 
-    async def update_weights_from_distributed(self, tensors, name, version):
+    async def update_weights_from_distributed(self, tensors, name, version, timeout_s=None):
         self.calls.append(("bucket", name, version, len(tensors)))
         raise ConnectionError("connection reset by peer")
 
@@ -243,7 +243,7 @@ class DiesAtBucket(Recorder):
 
 
 class Healthy(Recorder):
-    async def update_weights_from_distributed(self, tensors, name, version):
+    async def update_weights_from_distributed(self, tensors, name, version, timeout_s=None):
         await asyncio.sleep(0.05)  # the survivor's calls return after the dead server's failed
         await super().update_weights_from_distributed(tensors, name, version)
 
@@ -276,7 +276,7 @@ def test_find_lost_names_the_dead_and_those_already_marked_down():
 
 
 class EncodedRecorder(Recorder):
-    async def receive_encoded_bucket(self, tensors, name, version):
+    async def receive_encoded_bucket(self, tensors, name, version, timeout_s=None):
         await self._call("encoded", name, version, len(tensors))
 
 

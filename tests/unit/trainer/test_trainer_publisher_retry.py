@@ -34,14 +34,17 @@ class Stage:
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.sent: list[m.Paused] = []
+        self.dropped_group = False  # as StageSender: dropped after a broadcast broke off
 
     def send(self, paused: m.Paused) -> UpdatePhases:
         self.sent.append(paused)
         if self.failures:
             self.failures -= 1
+            self.dropped_group = True
             raise BroadcastTimeout(
                 "weight broadcast bucket 1/1 of s0 (version 3) failed: Connection closed by peer"
             )
+        self.dropped_group = self.dropped_group and not paused.init_group
         return UpdatePhases(bytes_per_server=16.0)
 
 
@@ -85,3 +88,23 @@ def test_endless_retries_are_refused(monkeypatch):
     controller = ScriptedChannel(paused, retry, paused, retry)
     with pytest.raises(RuntimeError, match="retried 1 times"):
         publisher(controller, Stage(failures=2)).publish(3, backend=None, trained=())
+
+
+def test_a_broadcast_that_timed_out_on_the_trainer_but_reached_the_servers_regroups_next_time():
+    """The trainer's half of the broadcast timed out (a starved machine) and it dropped its group,
+    but the servers received every byte and the controller published the version. The next
+    update asks for the groups to be formed again instead of reusing the dropped one."""
+    controller = ScriptedChannel(
+        m.Paused(version=3, world_size=2, init_group=True, group_generation=1),
+        m.VersionPublished(version=3, update_s=9.0),
+        m.Paused(version=4, world_size=2, init_group=True, group_generation=2),
+        m.VersionPublished(version=4, update_s=0.5),
+    )
+    stage = Stage(failures=1)
+    pub = publisher(controller, stage)
+    pub.publish(3, backend=None, trained=())
+    assert stage.dropped_group
+    pub.publish(4, backend=None, trained=())
+    requests = [x for x in controller.sent if isinstance(x, m.PauseRequest)]
+    assert [(r.version, r.regroup) for r in requests] == [(3, False), (4, True)]
+    assert not stage.dropped_group
