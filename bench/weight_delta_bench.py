@@ -154,8 +154,9 @@ class Rig:
         init = self.orch.needs_group_init((sender,))
         generation = self.orch.next_generation() if init else self.orch.generation
         held = {s.held_version for s in self.pool.up_slots}
+        servers_version = held.pop() if len(held) == 1 else -1
         paused = m.Paused(
-            version, self.pool.group_world_size(), init, generation, held.pop() if len(held) == 1 else -1
+            version, self.pool.group_world_size(), init, generation, servers_version=servers_version
         )
         out: list = []
 

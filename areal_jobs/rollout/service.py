@@ -79,6 +79,7 @@ class ControllerService:
         self.released: set[int] = set()  # servers answered with on_drained
         self.preempted = asyncio.Event()  # SIGUSR1/SIGTERM: finish the trainer's checkpoint, then exit
         self._outbox: list[m.ControlMessage] = []  # held until a trainer has said hello
+        self._early: list[m.ControlMessage] = []  # read while waiting for BroadcastDone: served next
         self._background: set[asyncio.Task] = set()
         self._known: dict[int, ServerRecord] = {}
         self.dump_samples = None  # list[SampleRecord] -> None: each evaluation's samples (main sets it)
@@ -131,8 +132,8 @@ class ControllerService:
                         "preempted and no checkpoint request came: exiting (last checkpoint stands)"
                     )
                     return 0
-            msg = await self.channel.recv_control(timeout_s=1.0)
-            if msg is None:
+            msg = self._early.pop(0) if self._early else await self.channel.recv_control(timeout_s=1.0)
+            if msg is None or isinstance(msg, m.BroadcastDone):  # a broken attempt's: already retried
                 continue
             if isinstance(msg, m.TrainerHello):
                 self.orch.forget_groups()  # a (re)started trainer holds no broadcast group
@@ -208,6 +209,8 @@ class ControllerService:
                     await self.orch.init_groups(req.senders, req.backend)
                     marks.append(("groups", time.monotonic()))
                 await self.orch.receive(req.version, req.senders)
+                if any(s.encoded for s in req.senders):
+                    await self._trainer_broadcast_done(req.version)
             marks.append(("receive", time.monotonic()))
             ctl.on_version(req.version)
             await self.orch.resume()
@@ -249,6 +252,34 @@ class ControllerService:
             and req.trained_group_ids
         ):
             self._spawn(self._eval("periodic"), f"eval-v{req.version}")
+
+    async def _trainer_broadcast_done(self, version: int) -> None:
+        """weight_sync.sync=delta: the servers hold `version` only once the trainer says every
+        collective of its encoded broadcast completed (m.BroadcastDone: SGLang's loader cannot fail
+        its own call when the group breaks under it). Its word missing or negative fails the stage,
+        which is then sent again like any slow stage."""
+        stage = f"the trainer's encoded broadcast of version {version}"
+        wait_s = self.orch.stage_timeout_s
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await self.channel.recv_control(timeout_s=left)
+            if msg is None:
+                break
+            if isinstance(msg, m.BroadcastDone) and msg.version == version:
+                if msg.ok:
+                    return
+                self._servers_hold_nothing()
+                raise StageError(
+                    stage, f"broke off on the trainer (timeout or connection closed): {msg.detail}"
+                )
+            self._early.append(msg)
+        self._servers_hold_nothing()
+        raise StageError(stage, f"timed out: no word from the trainer within {wait_s:.0f}s")
+
+    def _servers_hold_nothing(self) -> None:
+        """Their calls returned, but the broadcast may not have reached them whole: a full copy next."""
+        for slot in self.pool.up_slots:
+            slot.held_version = -1
 
     async def _retry_update(self, version: int, exc: StageError, members: list[int]) -> bool:
         """A server (of the update's `members`) that died inside the update leaves the pool, and

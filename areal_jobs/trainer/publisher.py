@@ -111,8 +111,11 @@ class WeightPublisher:
                 sent_bytes = float(adapter_bytes(adapter_path))
             elif not disk_path and paused.world_size > 1:  # world 1: no server is up to receive anything
                 self.channel.send(Publish(paused))
+                encoded = any(s.encoded for s in self.senders)
                 try:
                     phases = self.local.send(paused)
+                    if encoded:  # the controller ends an encoded update only on this word
+                        self.inbox.send(m.BroadcastDone(version, True))
                     # every stage's buckets (rank 0 only knows its own phases: stage 0's)
                     sent_bytes = float(sum(bucket_bytes(b) for s in self.senders for b in s.buckets))
                     if len(self.senders) == 1:
@@ -121,6 +124,8 @@ class WeightPublisher:
                     # a server died (or hangs) mid-broadcast; the group is dropped, which releases
                     # the other servers. The controller decides: UpdateRetry, or UpdateFailed (raised)
                     logger.warning("broadcast of version %d broke off: %s", version, exc)
+                    if encoded:
+                        self.inbox.send(m.BroadcastDone(version, False, str(exc)[:500]))
             t_sent = time.monotonic()
             reply = self.inbox.wait_for(
                 (m.VersionPublished, m.UpdateRetry),

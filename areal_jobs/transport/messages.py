@@ -148,6 +148,18 @@ class VersionPublished:
 
 
 @dataclass(frozen=True, slots=True)
+class BroadcastDone:
+    """Trainer -> controller, after the encoded buckets of `version` (weight_sync.sync=delta): did
+    every collective of its broadcast complete? SGLang's custom weight loader cannot fail its call
+    when the group breaks under it (an exception ends SGLang's scheduler), so the controller ends
+    an encoded update only on the trainer's word; `ok` False is a failed stage (sent again)."""
+
+    version: int
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class UpdateFailed:
     """Controller -> trainer: a weight-update stage failed; the job must exit non-zero."""
 
@@ -252,6 +264,7 @@ CONTROL_MESSAGES = (
     GroupsExpired,
     Paused,
     VersionPublished,
+    BroadcastDone,
     UpdateFailed,
     UpdateRetry,
     RolloutStats,
@@ -269,6 +282,7 @@ ControlMessage = (
     | GroupsExpired
     | Paused
     | VersionPublished
+    | BroadcastDone
     | UpdateFailed
     | UpdateRetry
     | RolloutStats

@@ -121,7 +121,9 @@ class EncodedBroadcaster:
         held = {s.held_version for s in self.pool.up_slots}
         if servers_version is None:
             servers_version = held.pop() if len(held) == 1 else -1
-        paused = m.Paused(version, self.pool.group_world_size(), init, generation, servers_version)
+        paused = m.Paused(
+            version, self.pool.group_world_size(), init, generation, servers_version=servers_version
+        )
         errors: list[BaseException] = []
 
         def trainer_side() -> None:

@@ -108,3 +108,21 @@ def test_a_broadcast_that_timed_out_on_the_trainer_but_reached_the_servers_regro
     requests = [x for x in controller.sent if isinstance(x, m.PauseRequest)]
     assert [(r.version, r.regroup) for r in requests] == [(3, False), (4, True)]
     assert not stage.dropped_group
+
+
+def test_an_encoded_broadcast_is_vouched_for_or_disowned():
+    """weight_sync.sync=delta: after its buckets the trainer tells the controller whether every
+    collective completed (BroadcastDone), the only word the controller has with SGLang's loader."""
+    encoded = WeightSender("s0", "127.0.0.1", 1, SENDER.buckets, encoded=True)
+    first = m.Paused(version=3, world_size=3, init_group=True, group_generation=1)
+    again = m.Paused(version=3, world_size=3, init_group=True, group_generation=2, timeout_scale=2.0)
+    controller = ScriptedChannel(
+        first, m.UpdateRetry(3, (), "the trainer's encoded broadcast of version 3", "broke off"),
+        again, m.VersionPublished(version=3, update_s=0.5),
+    )  # fmt: skip
+    cfg = WeightSyncConfig(step_timeout_s=2.0)
+    pub = WeightPublisher(cfg, Inbox(controller), Ranks(), Stage(failures=1), (encoded,), disk_dir=None)
+    pub.publish(3, backend=None, trained=())
+    words = [x for x in controller.sent if isinstance(x, m.BroadcastDone)]
+    assert [(w.version, w.ok) for w in words] == [(3, False), (3, True)]
+    assert "Connection closed by peer" in words[0].detail
