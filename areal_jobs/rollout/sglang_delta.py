@@ -61,7 +61,13 @@ def load_bucket(model: Any, named_tensors: list[tuple[str, Any]]) -> None:
     """SGLang's custom-loader entry point (between begin_weight_update and end_weight_update)."""
     from torch.distributed import distributed_c10d as c10d
 
-    from areal_jobs.weights.receiver import BaseCopy, group_device, parse_specs, receive_bucket
+    from areal_jobs.weights.receiver import (
+        BaseCopy,
+        BucketUnusable,
+        group_device,
+        parse_specs,
+        receive_bucket,
+    )
 
     global _COPY
     if _COPY is None:
@@ -69,13 +75,29 @@ def load_bucket(model: Any, named_tensors: list[tuple[str, Any]]) -> None:
 
     header = json.loads(named_tensors[0][0])
     name = header["group_name"]
+    if name in _BROKEN:  # its update already broke off here: the controller retries with a new group
+        logger.warning("skipping a bucket of broken weight group %s", name)
+        return
     group = next((pg for pg, pg_name in c10d._world.pg_names.items() if pg_name == name), None)
     if group is None:
         raise RuntimeError(
             f"no weight group {name!r} in this SGLang scheduler: init_weights_update_group first"
         )
     specs = parse_specs(header["names"], header["dtypes"], header["shapes"])
-    stats = receive_bucket(
-        _COPY, group, specs, group_device(group), lambda named: model.load_weights(named), load_all=False
-    )
+    try:
+        stats = receive_bucket(
+            _COPY, group, specs, group_device(group), lambda named: model.load_weights(named), load_all=False
+        )
+    except BucketUnusable:
+        raise  # this server cannot hold the weights: it stops, and leaves the pool
+    except RuntimeError as exc:
+        # a collective failed: the sender dropped the group (another server died, or the
+        # trainer's side timed out). Raising would end this healthy scheduler too. The update does
+        # not count: the controller ends an encoded update only on the trainer's word
+        # (BroadcastDone), and sends the version again as a full copy over a new group; until
+        # then nothing here counts as any version
+        _BROKEN.add(name)
+        _COPY.invalidate()
+        logger.error("weight group %s broke off during a bucket: %s", name, exc)
+        return
     logger.debug("encoded bucket of %d tensors: %s", len(specs), stats)

@@ -41,14 +41,14 @@ if ARM and _in_controller():
             calls = []
 
             def dies_at_bucket(send):
-                async def call(tensors, group_name, v):
+                async def call(tensors, group_name, v, **kwargs):
                     calls.append(v)
                     if len(calls) == order["at_bucket"]:
                         os.killpg(order["pid"], signal.SIGKILL)
                         Path(ARM + ".fired").write_text(
                             json.dumps({"version": version, "bucket": len(calls)})
                         )
-                    return await send(tensors, group_name, v)
+                    return await send(tensors, group_name, v, **kwargs)
 
                 return call
 
