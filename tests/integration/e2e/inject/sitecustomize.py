@@ -41,12 +41,12 @@ if ARM and _in_controller():
             send = client.update_weights_from_distributed
             calls = []
 
-            async def dies_at_bucket(tensors, group_name, v):
+            async def dies_at_bucket(tensors, group_name, v, **kwargs):
                 calls.append(v)
                 if len(calls) == order["at_bucket"]:
                     os.killpg(order["pid"], signal.SIGKILL)
                     Path(ARM + ".fired").write_text(json.dumps({"version": version, "bucket": len(calls)}))
-                return await send(tensors, group_name, v)
+                return await send(tensors, group_name, v, **kwargs)
 
             client.update_weights_from_distributed = dies_at_bucket  # this client only, this update
         return await _receive(self, version, senders)
