@@ -96,6 +96,14 @@ class GenerateResponse:
     weight_version: int  # the policy version every token of this segment was sampled under
 
 
+class Health(enum.Enum):
+    """What one health probe of a rollout server found."""
+
+    up = "up"
+    no_answer = "no_answer"  # a timeout, an error status or a dropped connection: maybe only slow
+    refused = "refused"  # nothing listens on the port: the server process is gone
+
+
 class GenerationClient(Protocol):
     """Generation on one rollout server: what the controller's samples and evaluations use."""
 
@@ -107,6 +115,10 @@ class GenerationClient(Protocol):
         ...
 
     async def healthy(self) -> bool: ...
+
+    async def health(self) -> Health:
+        """One probe: up, no answer (maybe slow), or refused (gone)."""
+        ...
 
     async def abort_all(self) -> None:
         """Abort every request on the server; each returns its partial tokens."""
@@ -155,6 +167,13 @@ class WeightReceiver(Protocol):
         self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
     ) -> None:
         """Receive one bucket (broadcast by the sender at the same time) and load it in place."""
+        ...
+
+    async def receive_encoded_bucket(
+        self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
+    ) -> None:
+        """The same for an encoded bucket (WeightSender.encoded: a delta or a full copy through
+        weights/receiver.py inside the server, which applies it onto its copy and verifies it)."""
         ...
 
     async def end_weight_update(self) -> None:
@@ -215,6 +234,9 @@ class WeightSender:
     master_address: str  # the sender hosts the group's TCP store
     master_port: int
     buckets: tuple[BucketSpec, ...]
+    # weight_sync.sync=delta: every bucket goes through our receiver (header, payload, status;
+    # weights/receiver.py), not the engine's own bucket route
+    encoded: bool = False
 
 
 # ------------------------------------------------------------------------------------ trainer

@@ -37,8 +37,8 @@ from bench.ablation_table import (
     ablation_summary,
     calibration_markdown,
     calibration_table,
-    pairs_needed,
     paired_differences,
+    pairs_needed,
     record_from_rows,
 )
 from bench.harness import held_flock

@@ -9,6 +9,7 @@ component only its own slice. Everything is re-exported here: `from areal_jobs.c
 
 from areal_jobs.config.algo import Advantage, AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig, Placement
+from areal_jobs.config.control import ControlConfig
 from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
 from areal_jobs.config.job import (
     TOKEN_ENV,
@@ -25,12 +26,21 @@ from areal_jobs.config.job import (
 from areal_jobs.config.keys import check_override_keys, closest_key, schema_keys, unknown_keys
 from areal_jobs.config.lora import LoraConfig, LoraFinal, LoraShip
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
-from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
+from areal_jobs.config.rollout import (
+    PauseMode,
+    RolloutConfig,
+    RolloutEngine,
+    ServingDType,
+    WorkflowConfig,
+    serving_dtype,
+)
 from areal_jobs.config.trainer import (
     Attention,
     CheckpointConfig,
     DistBackend,
+    LogprobKernel,
     Recompute,
+    SyncMode,
     TrainerBackend,
     TrainerConfig,
     WeightSync,
@@ -44,6 +54,7 @@ __all__ = [
     "CheckpointConfig",
     "ClusterConfig",
     "ClusterKind",
+    "ControlConfig",
     "Placement",
     "DType",
     "DataConfig",
@@ -51,6 +62,7 @@ __all__ = [
     "DistBackend",
     "JobConfig",
     "LaunchConfig",
+    "LogprobKernel",
     "LoraConfig",
     "LoraFinal",
     "LoraShip",
@@ -63,6 +75,8 @@ __all__ = [
     "RolloutEngine",
     "LoggingConfig",
     "RunConfig",
+    "ServingDType",
+    "SyncMode",
     "TOKEN_ENV",
     "WandbMode",
     "TrainerBackend",
@@ -77,6 +91,7 @@ __all__ = [
     "resolve_job_token",
     "save_job_config",
     "schema_keys",
+    "serving_dtype",
     "to_job_config",
     "unknown_keys",
 ]

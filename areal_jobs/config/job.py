@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from areal_jobs.config.algo import AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig
+from areal_jobs.config.control import ControlConfig
 from areal_jobs.config.data import DataConfig, ModelConfig
 from areal_jobs.config.keys import unknown_key_message, unknown_keys
 from areal_jobs.config.reward import RewardConfig
@@ -110,6 +111,7 @@ class JobConfig:
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

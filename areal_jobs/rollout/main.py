@@ -25,6 +25,7 @@ from areal_jobs.data.prompts import describe_first_prompt, load_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.controller import RolloutController
+from areal_jobs.rollout.engines import control_retry
 from areal_jobs.rollout.engines import make_client as engine_client
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.service import ControllerService
@@ -56,13 +57,19 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         ]
         check_humaneval_references(references, "the data files")
 
+    retry = control_retry(cfg.rollout.call_timeout_s, cfg.control)
+
     def make_client(rec: discovery.ServerRecord):
         return engine_client(
             cfg.rollout.engine, f"{rec.index}", rec.url, token,
             generate_timeout_s=cfg.rollout.request_timeout_s, call_timeout_s=cfg.rollout.call_timeout_s,
+            retry=retry, load_deadline_s=cfg.control.load_deadline_s,
+            tp_size=cfg.rollout.tp_size,
         )  # fmt: skip
 
-    records = discovery.wait_for_servers(run_dir, cfg.rollout.num_servers, cfg.rollout.server_start_timeout_s)
+    # each server's own process gives up sooner when its start makes no progress (server.py)
+    start_s = max(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
+    records = discovery.wait_for_servers(run_dir, cfg.rollout.num_servers, start_s)
     pool = ServerPool(cfg.rollout.tp_size)
     for rec in records:
         pool.add(rec.index, make_client(rec), cfg.rollout.tp_size)
@@ -80,7 +87,9 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         max_context_tokens=_context_tokens(model_dir),
         call_tool=Toolbox(scorer, cfg.rollout.workflow.tool_timeout_s, cfg.rollout.workflow.tool_output_chars).call,
     )  # fmt: skip
-    orchestrator = WeightUpdateOrchestrator(pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s)
+    orchestrator = WeightUpdateOrchestrator(
+        pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s, cfg.control.call_deadline_s
+    )
     service = ControllerService(
         controller, pool, orchestrator, channel, prompts.held_out,
         eval_every_steps=cfg.run.eval_every_steps, eval_samples=cfg.run.eval_samples,
@@ -90,6 +99,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         leaving=lambda: discovery.leaving(run_dir),
         on_drained=lambda index: discovery.mark_drained(run_dir, index),
         release_memory_while_training=cfg.rollout.release_memory_while_training,
+        update_deadline_s=cfg.control.update_deadline_s, health_grace_s=cfg.control.health_grace_s,
     )  # fmt: skip
     if cfg.run.samples_every_steps > 0:
         service.dump_samples = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print).write

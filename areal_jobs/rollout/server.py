@@ -24,11 +24,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 
-from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config
+from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config, serving_dtype
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.lora_adapters import lora_server_args, lora_server_env
+from areal_jobs.rollout.sglang_delta import LOADER as SGLANG_DELTA_LOADER
 from areal_jobs.rollout.sglang_launch import KEY_ENV as SGLANG_KEY_ENV
 from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
 from areal_jobs.transport import discovery
@@ -72,6 +74,8 @@ def sglang_command(
         "--random-seed", str(seed),
         "--skip-server-warmup",
         "--log-level", "warning",
+        # weight_sync.sync=delta: encoded buckets arrive through our loader (rollout/sglang_delta.py)
+        "--custom-weight-loader", SGLANG_DELTA_LOADER,
     ]  # fmt: skip
     if cpu:
         cmd += [
@@ -114,31 +118,82 @@ class ServerProcess:
     api_key: str
     process: subprocess.Popen
     engine: RolloutEngine = RolloutEngine.sglang
+    log_path: Path | None = None  # its output: progress while it starts, the last line on failure
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+    def wait_healthy(self, timeout_s: float, deadline_s: float | None = None) -> None:
+        """Wait until GET /health answers 200. Not a fixed timeout: the wait goes on while the
+        server makes progress (its processes use CPU, or its log grows), so a server that starts
+        slowly on a starved node is waited for; it gives up after `timeout_s` without progress
+        (rollout.server_start_timeout_s), at `deadline_s` whatever happens (default: an hour, at
+        least `timeout_s`), or when the process exits. The error says what was waited for."""
+        start = time.monotonic()
+        deadline = start + (deadline_s if deadline_s is not None else max(timeout_s, 3600.0))
         headers = {"Authorization": f"Bearer {self.api_key}"}
-        while time.monotonic() < deadline:
+        progress, last_progress, last_answer = self._progress(), start, "no answer yet"
+        while True:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"{self.engine.value} server on port {self.port} exited with code {self.process.returncode}"
+                    f"{self.engine.value} server on port {self.port} exited with code "
+                    f"{self.process.returncode} while starting{self._last_log_line()}"
                 )
             try:
-                if requests.get(f"{self.url}/health", headers=headers, timeout=5).status_code == 200:
+                r = requests.get(f"{self.url}/health", headers=headers, timeout=5)
+                if r.status_code == 200:
                     if self.engine is RolloutEngine.sglang:
                         self._freeze_gc(headers)
                     return
-            except requests.RequestException:
-                pass
+                last_answer = f"HTTP {r.status_code}"
+            except requests.ConnectionError:
+                last_answer = "connection refused (not listening yet)"
+            except requests.RequestException as exc:
+                last_answer = f"{type(exc).__name__}"
+            now = time.monotonic()
+            current = self._progress()
+            if current != progress:
+                progress, last_progress = current, now
+            stalled = now - last_progress >= timeout_s
+            if stalled or now >= deadline:
+                cpu_s, log_bytes = progress
+                why = (
+                    f"no progress for {now - last_progress:.0f}s (rollout.server_start_timeout_s={timeout_s:.0f})"
+                    if stalled
+                    else f"start-up deadline of {deadline - start:.0f}s reached"
+                )
+                raise TimeoutError(
+                    f"{self.engine.value} server on port {self.port} (pid {self.process.pid}) not healthy "
+                    f"after {now - start:.0f}s: waited for GET /health to answer 200 (last: {last_answer}); "
+                    f"{why}; its processes used {cpu_s:.1f}s of CPU, its log is {log_bytes} bytes"
+                    f"{self._last_log_line()}. Raise rollout.server_start_timeout_s or check the server log"
+                )
             time.sleep(0.5)
-        raise TimeoutError(
-            f"{self.engine.value} server on port {self.port} not healthy after {timeout_s:.0f}s: "
-            "raise rollout.server_start_timeout_s or check the server log"
-        )
+
+    def _progress(self) -> tuple[float, int]:
+        """(CPU seconds of the server's process tree, log size): what changes while it works."""
+        cpu_s = 0.0
+        try:
+            root = psutil.Process(self.process.pid)
+            for proc in (root, *root.children(recursive=True)):
+                try:
+                    times = proc.cpu_times()
+                    cpu_s += times.user + times.system
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            pass
+        log_bytes = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
+        return round(cpu_s, 2), log_bytes
+
+    def _last_log_line(self) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as f:
+            f.seek(max(0, self.log_path.stat().st_size - 4096))
+            lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+        return f"; last log line: {lines[-1][:300]!r}" if lines else ""
 
     def _freeze_gc(self, headers: dict[str, str]) -> None:
         """Move everything the server built at start-up (modules, model, tokenizer) out of the
@@ -179,12 +234,13 @@ def start_server(
 ) -> ServerProcess:
     """Launch the rollout.engine server in its own process group, logging to `log_path`. Does not wait."""
     cpu = not cuda_available()
+    dtype = serving_dtype(rollout.dtype, model.dtype, gpu=not cpu)  # what the trainer sends (sender.py)
     if rollout.engine is RolloutEngine.vllm:
         python = vllm_python(rollout)
-        cmd = vllm_command(python, model_path, host, port, rollout, model.dtype, cpu, seed)
+        cmd = vllm_command(python, model_path, host, port, rollout, dtype, cpu, seed)
         env = vllm_env(api_key, cpu, rollout.server_threads)
     else:
-        cmd = sglang_command(model_path, host, port, rollout, model.dtype, cpu, seed)
+        cmd = sglang_command(model_path, host, port, rollout, dtype, cpu, seed)
         env = sglang_env(api_key, cpu, rollout.server_threads)
     cmd += lora_server_args(rollout.engine, model.lora, cpu)  # model.lora.ship=adapter only
     env.update(lora_server_env(rollout.engine, model.lora))
@@ -192,14 +248,17 @@ def start_server(
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     logger.info(
-        "%s server starting on %s:%d (pid %d, %s)",
+        "%s server starting on %s:%d (pid %d, %s, %s)",
         rollout.engine.value,
         host,
         port,
         proc.pid,
         "cpu" if cpu else "gpu",
+        dtype.value,
     )
-    return ServerProcess(host=host, port=port, api_key=api_key, process=proc, engine=rollout.engine)
+    return ServerProcess(
+        host=host, port=port, api_key=api_key, process=proc, engine=rollout.engine, log_path=log_path
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
-        server.wait_healthy(cfg.rollout.server_start_timeout_s)
+        server.wait_healthy(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
         discovery.register_server(run_dir, args.index, host, port, server.process.pid)
         logger.info("server %d ready at %s", args.index, server.url)
         code = server.process.wait()

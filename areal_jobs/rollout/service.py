@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from areal_jobs.api import Health
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.evaluation import EvalSummary, evaluate
 from areal_jobs.rollout.generation import GenerationPath
@@ -30,6 +31,7 @@ from areal_jobs.transport.discovery import ServerRecord
 logger = logging.getLogger(__name__)
 
 MAX_UPDATE_RETRIES = m.MAX_UPDATE_RETRIES  # per version (the protocol's bound; tests lower it here)
+MAX_SLOW_UPDATE_RETRIES = m.MAX_SLOW_UPDATE_RETRIES
 
 
 class ControllerService:
@@ -53,6 +55,8 @@ class ControllerService:
         leaving: Callable[[], set[int]] | None = None,
         on_drained: Callable[[int], None] | None = None,
         release_memory_while_training: bool = False,
+        update_deadline_s: float = 1800.0,
+        health_grace_s: float = 0.0,
     ) -> None:
         self.ctl = controller
         self.pool = pool  # the controller's servers (shared with it and the orchestrator)
@@ -75,12 +79,21 @@ class ControllerService:
         self.released: set[int] = set()  # servers answered with on_drained
         self.preempted = asyncio.Event()  # SIGUSR1/SIGTERM: finish the trainer's checkpoint, then exit
         self._outbox: list[m.ControlMessage] = []  # held until a trainer has said hello
+        self._early: list[m.ControlMessage] = []  # read while waiting for BroadcastDone: served next
         self._background: set[asyncio.Task] = set()
         self._known: dict[int, ServerRecord] = {}
         self.dump_samples = None  # list[SampleRecord] -> None: each evaluation's samples (main sets it)
         # a server died inside an update: the others stay paused until the trainer's retry is in
         self._paused_for_retry = False
-        self._update_retries = 0  # of the current version
+        self._update_retries = 0  # of the current version, for servers lost in it
+        self._slow_retries = 0  # of the current version, for stages that timed out with all alive
+        self._update_started: float | None = None  # the current version's first attempt
+        self.update_deadline_s = update_deadline_s  # control.update_deadline_s
+        # control.health_grace_s: how long a server's health probes may keep failing (without a
+        # refused connection) before it is marked down; when each server's failures began
+        self.health_grace_s = health_grace_s
+        self._unanswered_since: dict[int, float] = {}
+        self.clock = time.monotonic  # the health grace's clock (a test steps its own)
         self._updating = False  # a weight update is under way (servers paused)
         self.decode_raw = None
         # the colocated schedule: the servers free their GPU memory while the trainer steps
@@ -119,8 +132,8 @@ class ControllerService:
                         "preempted and no checkpoint request came: exiting (last checkpoint stands)"
                     )
                     return 0
-            msg = await self.channel.recv_control(timeout_s=1.0)
-            if msg is None:
+            msg = self._early.pop(0) if self._early else await self.channel.recv_control(timeout_s=1.0)
+            if msg is None or isinstance(msg, m.BroadcastDone):  # a broken attempt's: already retried
                 continue
             if isinstance(msg, m.TrainerHello):
                 self.orch.forget_groups()  # a (re)started trainer holds no broadcast group
@@ -149,6 +162,8 @@ class ControllerService:
 
     async def _update_weights_paused(self, req: m.PauseRequest) -> None:
         t0 = time.monotonic()
+        if self._update_started is None:
+            self._update_started = t0
         ctl, pool = self.ctl, self.pool
         ctl.on_trained(req.trained_group_ids, req.version)
         ctl.stop_sending()
@@ -163,13 +178,23 @@ class ControllerService:
             if joined:
                 logger.info("servers %s rejoin at version %d", joined, req.version)
                 self.orch.forget_groups()
+            if req.regroup:  # the trainer dropped its group after its half of a broadcast timed out
+                self.orch.forget_groups()
             members = [s.index for s in pool.up_slots]
             broadcast = not (req.disk_path or req.adapter_path)
             init = bool(pool.up_slots) and broadcast and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
             world = pool.group_world_size()
+            held = {s.held_version for s in pool.up_slots}
             await self._send(
-                m.Paused(version=req.version, world_size=world, init_group=init, group_generation=generation)
+                m.Paused(
+                    version=req.version,
+                    world_size=world,
+                    init_group=init,
+                    group_generation=generation,
+                    timeout_scale=self.orch.timeout_scale,
+                    servers_version=held.pop() if len(held) == 1 else -1,
+                )
             )
             if not pool.up_slots:
                 logger.warning(
@@ -184,20 +209,36 @@ class ControllerService:
                     await self.orch.init_groups(req.senders, req.backend)
                     marks.append(("groups", time.monotonic()))
                 await self.orch.receive(req.version, req.senders)
+                if any(s.encoded for s in req.senders):
+                    await self._trainer_broadcast_done(req.version)
             marks.append(("receive", time.monotonic()))
             ctl.on_version(req.version)
             await self.orch.resume()
             marks.append(("resume", time.monotonic()))
         except StageError as exc:
-            if await self._retry_without_lost(req.version, exc, members):
+            if await self._retry_update(req.version, exc, members):
                 return
             logger.error("weight update to version %d failed at %s", req.version, exc)
             await self._send(m.UpdateFailed(version=req.version, stage=exc.stage, error=exc.detail))
             raise
         self._paused_for_retry = False
-        self._update_retries = 0
+        for index in members:  # every member answered the whole update: alive, whatever /health said
+            self._unanswered_since.pop(index, None)
+        self._update_retries = self._slow_retries = 0
+        self._update_started = None
+        self.orch.timeout_scale = 1.0
         ctl.resume_sending()
-        await self._send(m.VersionPublished(version=req.version, update_s=time.monotonic() - t0))
+        stage_s = {name: t - prev for (_, prev), (name, t) in zip(marks, marks[1:])}
+        await self._send(
+            m.VersionPublished(
+                version=req.version,
+                update_s=time.monotonic() - t0,
+                pause_s=stage_s.get("pause", 0.0),
+                receive_s=stage_s.get("groups", 0.0) + stage_s.get("receive", 0.0),
+                resume_s=stage_s.get("resume", 0.0),
+                bucket_calls_s=self.orch.bucket_calls_s if broadcast else 0.0,
+            )
+        )
         logger.info(
             "version %d on the servers in %.3fs (%s)",
             req.version,
@@ -212,23 +253,73 @@ class ControllerService:
         ):
             self._spawn(self._eval("periodic"), f"eval-v{req.version}")
 
-    async def _retry_without_lost(self, version: int, exc: StageError, members: list[int]) -> bool:
+    async def _trainer_broadcast_done(self, version: int) -> None:
+        """weight_sync.sync=delta: the servers hold `version` only once the trainer says every
+        collective of its encoded broadcast completed (m.BroadcastDone: SGLang's loader cannot fail
+        its own call when the group breaks under it). Its word missing or negative fails the stage,
+        which is then sent again like any slow stage."""
+        stage = f"the trainer's encoded broadcast of version {version}"
+        wait_s = self.orch.stage_timeout_s
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await self.channel.recv_control(timeout_s=left)
+            if msg is None:
+                break
+            if isinstance(msg, m.BroadcastDone) and msg.version == version:
+                if msg.ok:
+                    return
+                self._servers_hold_nothing()
+                raise StageError(
+                    stage, f"broke off on the trainer (timeout or connection closed): {msg.detail}"
+                )
+            self._early.append(msg)
+        self._servers_hold_nothing()
+        raise StageError(stage, f"timed out: no word from the trainer within {wait_s:.0f}s")
+
+    def _servers_hold_nothing(self) -> None:
+        """Their calls returned, but the broadcast may not have reached them whole: a full copy next."""
+        for slot in self.pool.up_slots:
+            slot.held_version = -1
+
+    async def _retry_update(self, version: int, exc: StageError, members: list[int]) -> bool:
         """A server (of the update's `members`) that died inside the update leaves the pool, and
-        the trainer is asked to send the version again to the others (bounded). False: nobody
-        died, the failure is the update's own and fatal."""
+        the trainer is asked to send the version again to the others (bounded). When every server
+        still answers, the stage was slow, not broken (a starved machine, a stalled trainer): the
+        version is sent again with doubled stage timeouts, within control.update_deadline_s.
+        False: the failure is the update's own and fatal."""
         lost = await self.orch.find_lost(members)
-        if not lost or self._update_retries >= MAX_UPDATE_RETRIES:
-            return False
-        self._update_retries += 1
-        for index in lost:
-            self.pool.mark_down(index, f"died during the update to version {version}: {exc}")
+        if lost:
+            if self._update_retries >= MAX_UPDATE_RETRIES:
+                return False
+            self._update_retries += 1
+            for index in lost:
+                self.pool.mark_down(index, f"died during the update to version {version}: {exc}")
+            logger.warning(
+                "servers %s died during the update to version %d (%s); %d servers stay: sending it "
+                "again (retry %d/%d)", lost, version, exc.stage, len(self.pool.up_slots),
+                self._update_retries, MAX_UPDATE_RETRIES,
+            )  # fmt: skip
+        else:
+            elapsed = time.monotonic() - (self._update_started or time.monotonic())
+            if not exc.slow:
+                return False  # a server refused the request: repeating cannot fix it
+            if self._slow_retries >= MAX_SLOW_UPDATE_RETRIES or elapsed >= self.update_deadline_s:
+                logger.error(
+                    "the update to version %d failed %d times with every server answering, over %.0fs "
+                    "(control.update_deadline_s=%.0f): giving up", version, self._slow_retries + 1,
+                    elapsed, self.update_deadline_s,
+                )  # fmt: skip
+                return False
+            self._slow_retries += 1
+            self.orch.timeout_scale *= 2.0
+            logger.warning(
+                "the update to version %d failed at %s (%s) with every server answering: sending it "
+                "again with stage timeouts of %.0fs (repeat %d/%d, %.0fs of control.update_deadline_s=%.0f)",
+                version, exc.stage, exc.detail, self.orch.stage_timeout_s, self._slow_retries,
+                MAX_SLOW_UPDATE_RETRIES, elapsed, self.update_deadline_s,
+            )  # fmt: skip
         self.orch.forget_groups()
         self._paused_for_retry = True  # the survivors keep their paused requests: no mixed weights
-        logger.warning(
-            "servers %s died during the update to version %d (%s); %d servers stay: sending it again "
-            "(retry %d/%d)", lost, version, exc.stage, len(self.pool.up_slots),
-            self._update_retries, MAX_UPDATE_RETRIES,
-        )  # fmt: skip
         await self._send(m.UpdateRetry(version, tuple(lost), exc.stage, exc.detail))
         return True
 
@@ -265,14 +356,49 @@ class ControllerService:
         weights); let the ones asked to leave go."""
         while True:
             await asyncio.sleep(self.health_interval_s)
-            # not while an update holds the servers paused: SGLang's /health generates a token and
-            # so waits for the resume; the update itself finds servers that die in it (find_lost)
-            for slot in self.pool.up_slots:
-                if self._holding_servers() or await slot.client.healthy() or self._holding_servers():
-                    continue
-                self.pool.mark_down(slot.index, "health check failed")
-                self.orch.forget_groups()
+            await asyncio.gather(*(self._probe(slot) for slot in self.pool.up_slots))
             await self._membership()
+
+    async def _probe(self, slot) -> None:
+        """One health probe. Not while an update holds the servers paused: SGLang's /health
+        generates a token and so waits for the resume; the update itself finds servers that die
+        in it (find_lost). A refused connection marks the server down at once (nothing listens:
+        the process is gone). A probe that goes unanswered is followed by a metadata call (its
+        weight version, answered by the HTTP front even when generation is slow or paused): a
+        server that answers that is alive and busy, not down. Only probes that go wholly
+        unanswered for control.health_grace_s mark it down, so a server stalled for a while (a
+        starved node) is waited for, not dropped."""
+        if self._holding_servers():
+            return
+        health = await slot.client.health()
+        if health is Health.no_answer and not self._holding_servers():
+            health = await self._answers(slot.client)
+        if self._holding_servers() or health is Health.up:
+            if self._unanswered_since.pop(slot.index, None) is not None:
+                logger.info("server %d answers again", slot.index)
+            return
+        now = self.clock()
+        since = self._unanswered_since.setdefault(slot.index, now)
+        if health is Health.refused or now - since >= self.health_grace_s:
+            self._unanswered_since.pop(slot.index, None)
+            why = (
+                "refused the connection" if health is Health.refused else f"unanswered for {now - since:.0f}s"
+            )
+            self.pool.mark_down(slot.index, f"health check failed ({why})")
+            self.orch.forget_groups()
+        else:
+            logger.warning(
+                "server %d did not answer its health probe; marked down if it still does not in %.0fs "
+                "(control.health_grace_s)", slot.index, self.health_grace_s - (now - since),
+            )  # fmt: skip
+
+    async def _answers(self, client) -> Health:
+        """Whether the server's HTTP front answers a metadata call within a step timeout."""
+        try:
+            await asyncio.wait_for(client.weight_version(), self.step_timeout_s)
+            return Health.up
+        except Exception:  # noqa: BLE001 - any failure to answer counts as no answer
+            return Health.no_answer
 
     async def _membership(self) -> None:
         """Registered servers that are new to the job or back from the dead join (at the next
@@ -289,17 +415,22 @@ class ControllerService:
             if rec.index in leaving or not (new or self.pool.can_rejoin(rec.index)):
                 continue
             client = self.make_client(rec)
-            if await client.healthy():
-                if new:
-                    self.pool.admit(rec.index, client)
-                else:
-                    self.pool.rejoin(rec.index, client)
-                logger.info(
-                    "server %d %s at %s; asking the trainer for the current weights",
-                    rec.index, "joins the job" if new else "is back", rec.url,
-                )  # fmt: skip
-                joined = "joined" if new else "rejoined"
-                await self._send(m.WeightsNeeded(reason=f"server {rec.index} {joined}"))
+            # new: registered once healthy (server.py); back: its HTTP front answers (a server
+            # left paused by a stale pause fails /health until the update that admits it resumes it)
+            alive = await client.healthy() if new else (await self._answers(client)) is Health.up
+            if not alive:
+                await client.close()  # tried again at the next health interval, with a new client
+                continue
+            if new:
+                self.pool.admit(rec.index, client)
+            else:
+                self.pool.rejoin(rec.index, client)
+            logger.info(
+                "server %d %s at %s; asking the trainer for the current weights",
+                rec.index, "joins the job" if new else "is back", rec.url,
+            )  # fmt: skip
+            joined = "joined" if new else "rejoined"
+            await self._send(m.WeightsNeeded(reason=f"server {rec.index} {joined}"))
         self._drain(leaving)
 
     def _drain(self, leaving: set[int]) -> None:

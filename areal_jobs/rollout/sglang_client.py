@@ -12,7 +12,10 @@ import logging
 import time
 from typing import Any
 
-from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, TensorSpec
+import aiohttp
+
+from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, Health, TensorSpec
+from areal_jobs.rollout import sglang_delta
 from areal_jobs.rollout.engine_http import (
     EngineHTTP,
     ServerCallError,
@@ -20,6 +23,7 @@ from areal_jobs.rollout.engine_http import (
     require_success,
 )
 from areal_jobs.rollout.lora_adapters import AdapterSet
+from areal_jobs.transport.retry import RetryPolicy
 
 __all__ = ["SGLangClient", "ServerCallError", "parse_generate", "parse_weight_version"]
 
@@ -47,17 +51,32 @@ def parse_generate(payload: dict[str, Any]) -> GenerateResponse:
     return GenerateResponse(output_ids, logprobs, finish, parse_weight_version(meta.get("weight_version")))
 
 
+def _timeout(seconds: float | None) -> aiohttp.ClientTimeout | None:
+    return None if seconds is None else aiohttp.ClientTimeout(total=seconds)
+
+
 class SGLangClient:
     """One SGLang server. Implements api.RolloutEngineClient."""
 
     def __init__(
-        self, name: str, url: str, api_key: str, *, generate_timeout_s: float, call_timeout_s: float
+        self,
+        name: str,
+        url: str,
+        api_key: str,
+        *,
+        generate_timeout_s: float,
+        call_timeout_s: float,
+        retry: RetryPolicy | None = None,
+        load_deadline_s: float = 0.0,
+        tp_size: int = 1,
     ):
         self.name = name
+        self.tp_size = tp_size  # one serialized payload per TP rank (update_weights_from_tensor)
         self.url = url.rstrip("/")
         self._http = EngineHTTP(
-            name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s
-        )
+            name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s,
+            retry=retry, load_deadline_s=load_deadline_s,
+        )  # fmt: skip
         self.adapters = AdapterSet()  # model.lora.ship=adapter: lora_adapters.py
 
     async def _post(self, endpoint: str, body: dict[str, Any], timeout=None) -> Any:
@@ -131,6 +150,9 @@ class SGLangClient:
     async def healthy(self) -> bool:
         return await self._http.healthy()
 
+    async def health(self) -> Health:
+        return await self._http.health()
+
     async def abort_all(self) -> None:
         await self._post("/abort_request", {"abort_all": True})
 
@@ -144,7 +166,10 @@ class SGLangClient:
         world_size: int,
         group_name: str,
         backend: str,
+        *,
+        timeout_s: float | None = None,
     ) -> None:
+        """`timeout_s`: the stage's timeout (a rendezvous with the trainer), else call_timeout_s."""
         body = {
             "master_address": master_address,
             "master_port": master_port,
@@ -153,7 +178,7 @@ class SGLangClient:
             "group_name": group_name,
             "backend": backend,
         }
-        result = await self._post("/init_weights_update_group", body)
+        result = await self._post("/init_weights_update_group", body, _timeout(timeout_s))
         require_success(self.name, "/init_weights_update_group", result)
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
@@ -163,7 +188,12 @@ class SGLangClient:
         await self._post("/begin_weight_update", {})
 
     async def update_weights_from_distributed(
-        self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
+        self,
+        tensors: tuple[TensorSpec, ...],
+        group_name: str,
+        version: int,
+        *,
+        timeout_s: float | None = None,
     ) -> None:
         body = {
             "names": [t.name for t in tensors],
@@ -174,8 +204,25 @@ class SGLangClient:
             "load_format": "flattened_bucket",
             "flush_cache": False,  # flushed once after the last bucket, in end_weight_update
         }
-        result = await self._post("/update_weights_from_distributed", body)
+        result = await self._post("/update_weights_from_distributed", body, _timeout(timeout_s))
         require_success(self.name, "/update_weights_from_distributed", result)
+
+    async def receive_encoded_bucket(
+        self,
+        tensors: tuple[TensorSpec, ...],
+        group_name: str,
+        version: int,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """weight_sync.sync=delta: our custom weight loader receives, applies and verifies the
+        bucket inside the scheduler (sglang_delta.py); a refusal is settled with the sender there."""
+        body = sglang_delta.request_body(
+            [t.name for t in tensors], [t.dtype for t in tensors], [list(t.shape) for t in tensors],
+            group_name, version, self.tp_size,
+        )  # fmt: skip
+        result = await self._post("/update_weights_from_tensor", body, _timeout(timeout_s))
+        require_success(self.name, "/update_weights_from_tensor", result)
 
     async def end_weight_update(self) -> None:
         await self._post("/end_weight_update", {})
@@ -206,7 +253,7 @@ class SGLangClient:
     async def weight_version(self) -> int:
         if self.adapters.current is not None:
             return self.adapters.current[1]
-        info = await self._http.request("GET", "/model_info")
+        info = await self._http.control("/model_info", method="GET")
         return parse_weight_version((info or {}).get("weight_version"))
 
     async def close(self) -> None:

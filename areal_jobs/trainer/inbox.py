@@ -1,8 +1,11 @@
 """Trainer rank 0's mailbox: everything the controller sends, routed while the trainer waits.
 
 Trajectory groups and control messages share one poll loop, so a group that arrives while the
-trainer waits for `Paused` is buffered, never dropped. Every wait has a timeout that names what
-was being waited for; `UpdateFailed` from the controller is raised as an error at once.
+trainer waits for `Paused` is buffered, never dropped. Every wait has a deadline that names what
+was being waited for, and ends sooner when the controller falls silent: it sends stats every 2 s
+while it lives, so a reply that is slow (a starved machine, a slow update) is waited for up to the
+deadline, and a controller that stopped talking is given up on after `silence_s`
+(control.peer_silence_s). `UpdateFailed` from the controller is raised as an error at once.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ class ControllerFailed(RuntimeError):
 
 
 class Inbox:
-    def __init__(self, channel: TrainerChannel) -> None:
+    def __init__(self, channel: TrainerChannel, silence_s: float = float("inf")) -> None:
         self.channel = channel
+        self.silence_s = silence_s
+        self.clock = time.monotonic  # (a test steps its own)
+        self.last_heard = self.clock()  # when the controller last sent anything
         self.groups: list[m.TrajectoryGroup] = []  # arrival order
         self.rollout_stats: dict[str, float] = {}  # latest RolloutStats
         self.evals: list[m.EvalResult] = []  # not yet logged
@@ -60,6 +66,7 @@ class Inbox:
         msg = self.channel.poll(timeout_s)
         if msg is None:
             return False
+        self.last_heard = self.clock()
         if isinstance(msg, m.TrajectoryGroup):
             self.groups.append(msg)
         elif isinstance(msg, m.RolloutStats):
@@ -79,19 +86,25 @@ class Inbox:
         return True
 
     def wait_for(self, kind: type[T] | tuple[type, ...], timeout_s: float, waiting_for: str) -> T:
-        """The first control message of `kind` (a type, or a tuple of types: whichever comes)."""
-        deadline = time.monotonic() + timeout_s
+        """The first control message of `kind` (a type, or a tuple of types: whichever comes),
+        within `timeout_s` (the deadline), unless the controller is silent for `silence_s` first."""
+        start = self.clock()
+        deadline = start + timeout_s
         while True:
             for i, msg in enumerate(self._control):
                 if isinstance(msg, kind):
                     return self._control.pop(i)  # type: ignore[return-value]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = self.clock()
+            silent_s = now - max(self.last_heard, start)
+            if now >= deadline or silent_s >= self.silence_s:
                 names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-                raise TimeoutError(
-                    f"no {names} from the controller within {timeout_s:.0f}s while {waiting_for}"
+                why = (
+                    f"within {timeout_s:.0f}s"
+                    if now >= deadline
+                    else f"and nothing else either for {silent_s:.0f}s (control.peer_silence_s): is the controller alive? (logs/controller.log)"
                 )
-            self.pump(min(remaining, 1.0))
+                raise TimeoutError(f"no {names} from the controller {why} while {waiting_for}")
+            self.pump(min(deadline - now, self.silence_s - silent_s, 1.0))
 
     def wait_groups(self, count: int, timeout_s: float, interrupt=lambda: False) -> bool:
         """Block until at least `count` groups are buffered (True), or `interrupt()` holds (False)."""

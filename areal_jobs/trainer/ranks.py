@@ -119,11 +119,14 @@ class RankAborted(RuntimeError):
 def command_timeout_s(cfg: JobConfig) -> float:
     """How long a follower waits for the next command. Longer than any stretch in which a healthy
     rank 0 sends none, so it fires only when rank 0 is stuck: start-up (controller discovery,
-    hello, the first batch) or the final evaluation, whichever can be longer."""
+    hello, the first batch), a weight update on a slow machine (its two waits on the controller,
+    each up to control.update_deadline_s) or the final evaluation, whichever can be longer."""
     step_s = cfg.weight_sync.step_timeout_s
-    startup_s = cfg.rollout.server_start_timeout_s + 600 + 5 * step_s + cfg.trainer.batch_wait_timeout_s
+    start_s = max(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
+    startup_s = start_s + 600 + 5 * step_s + cfg.trainer.batch_wait_timeout_s
     final_s = cfg.rollout.request_timeout_s + 600 + step_s
-    return max(startup_s, final_s) + 600
+    update_s = 2 * cfg.control.update_deadline_s
+    return max(startup_s, final_s, update_s) + 600
 
 
 # ------------------------------------------------------------------------------ channel

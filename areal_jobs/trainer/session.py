@@ -39,8 +39,9 @@ def connect(cfg: JobConfig, run_dir: Path, token: str) -> Inbox:
     if host and cfg.rollout.controller_port:
         ports = (cfg.rollout.controller_port, cfg.rollout.controller_port + 1)
     else:
-        host, *ports = discovery.wait_for_controller(run_dir, cfg.rollout.server_start_timeout_s + 600)
-    return Inbox(TrainerChannel(host, ports[0], ports[1], token).connect())
+        start_s = max(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
+        host, *ports = discovery.wait_for_controller(run_dir, start_s + 600)
+    return Inbox(TrainerChannel(host, ports[0], ports[1], token).connect(), cfg.control.peer_silence_s)
 
 
 def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox, publisher: WeightPublisher,
@@ -114,7 +115,8 @@ def checkpoint_due(cfg: JobConfig, step: int) -> bool:
 
 def save_checkpoint(cfg: JobConfig, run_dir: Path, loop: TrainLoop) -> None:
     """Both halves of a consistent cut at step `loop.step`; generation keeps running meanwhile."""
-    inbox, timeout_s = loop.inbox, cfg.weight_sync.step_timeout_s
+    # the controller writes its snapshot to the run directory: as slow as the file system is
+    inbox, timeout_s = loop.inbox, max(cfg.weight_sync.step_timeout_s, cfg.control.load_deadline_s)
     t0 = time.monotonic()
     folder = ckpt.step_dir(run_dir, loop.step)
     inbox.channel.send(

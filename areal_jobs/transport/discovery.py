@@ -91,7 +91,7 @@ def wait_for_servers(run_dir: Path, count: int, timeout_s: float, poll_s: float 
             seen = sorted(r.index for r in records)
             raise TimeoutError(
                 f"only {len(records)}/{count} rollout servers registered in {servers_dir(run_dir)} after "
-                f"{timeout_s:.0f}s (seen {seen}); check logs/sglang-*.log or raise rollout.server_start_timeout_s"
+                f"{timeout_s:.0f}s (seen {seen}); check logs/sglang-*.log or raise control.server_start_deadline_s"
             )
         time.sleep(poll_s)
 

@@ -102,6 +102,9 @@ class PauseRequest:
     trained_group_ids: tuple[str, ...] = ()  # the step's batch; the controller's ledger
     disk_path: str = ""  # weight_sync.method=disk: load this HF directory instead of broadcasting
     adapter_path: str = ""  # model.lora.ship=adapter: load this PEFT directory (nothing broadcast)
+    # the trainer dropped its broadcast group (its half of an earlier broadcast timed out, though the
+    # servers may have received it all): the groups must be formed again before this broadcast
+    regroup: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,12 @@ class Paused:
     world_size: int  # per sender group: 1 (the sender) + every server rank
     init_group: bool  # True: the groups must be (re)created before the broadcast
     group_generation: int  # groups are named "<sender.group_name>-<generation>"; new on every (re)creation
+    # every stage timeout of this attempt is weight_sync.step_timeout_s times this: 1, then 2, 4, ...
+    # for each time the same version was sent again after a stage timed out with every server alive
+    timeout_scale: float = 1.0
+    # the version every server of this update holds from a completed update; -1 when they differ
+    # or one is new, restarted or was in a broken update (weight_sync.sync=delta: only onto it)
+    servers_version: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +140,23 @@ class VersionPublished:
 
     version: int
     update_s: float  # pause -> resume wall time seen by the controller
+    pause_s: float = 0.0  # stopping generation (abort / pause calls)
+    receive_s: float = 0.0  # group formation + every bucket's calls + end of update, the slowest server
+    resume_s: float = 0.0
+    # per server, every bucket call's round trip (receive + load), the slowest server
+    bucket_calls_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastDone:
+    """Trainer -> controller, after the encoded buckets of `version` (weight_sync.sync=delta): did
+    every collective of its broadcast complete? SGLang's custom weight loader cannot fail its call
+    when the group breaks under it (an exception ends SGLang's scheduler), so the controller ends
+    an encoded update only on the trainer's word; `ok` False is a failed stage (sent again)."""
+
+    version: int
+    ok: bool
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +171,19 @@ class UpdateFailed:
 # UpdateRetry is sent at most this often for one version: servers dying inside the same update
 # again and again end the run (the controller then sends UpdateFailed; the trainer gives up too)
 MAX_UPDATE_RETRIES = 3
+# ... and at most this often, besides, when a stage timed out while every server still answers (a
+# slow machine, a stalled trainer): each such repeat doubles the stage timeouts, within
+# control.update_deadline_s
+MAX_SLOW_UPDATE_RETRIES = 4
 
 
 @dataclass(frozen=True, slots=True)
 class UpdateRetry:
     """Controller -> trainer: servers `lost` died during the update to `version`; they left the
     pool and the others stay paused. Drop this broadcast and ask again (PauseRequest, same version):
-    the groups are re-formed without them, and the survivors receive every bucket again."""
+    the groups are re-formed without them, and the survivors receive every bucket again. `lost`
+    empty: a stage timed out while every server still answers (a slow machine); the same, with
+    longer stage timeouts (the next Paused says how much longer)."""
 
     version: int
     lost_servers: tuple[int, ...]
@@ -232,6 +264,7 @@ CONTROL_MESSAGES = (
     GroupsExpired,
     Paused,
     VersionPublished,
+    BroadcastDone,
     UpdateFailed,
     UpdateRetry,
     RolloutStats,
@@ -249,6 +282,7 @@ ControlMessage = (
     | GroupsExpired
     | Paused
     | VersionPublished
+    | BroadcastDone
     | UpdateFailed
     | UpdateRetry
     | RolloutStats

@@ -31,7 +31,7 @@ class Recorder:
     async def resume(self):
         await self._call("resume")
 
-    async def init_weights_update_group(self, addr, port, offset, world, name, backend):
+    async def init_weights_update_group(self, addr, port, offset, world, name, backend, timeout_s=None):
         await self._call("init", offset, world, name)
 
     async def destroy_weights_update_group(self, name):
@@ -40,7 +40,7 @@ class Recorder:
     async def begin_weight_update(self):
         await self._call("begin")
 
-    async def update_weights_from_distributed(self, tensors, name, version):
+    async def update_weights_from_distributed(self, tensors, name, version, timeout_s=None):
         await self._call("bucket", name, version, len(tensors))
 
     async def end_weight_update(self):
@@ -234,7 +234,7 @@ def test_only_a_known_server_that_is_down_and_not_joining_can_rejoin():
 class DiesAtBucket(Recorder):
     """kill -9 in the middle of the broadcast: its bucket call fails, its health check too."""
 
-    async def update_weights_from_distributed(self, tensors, name, version):
+    async def update_weights_from_distributed(self, tensors, name, version, timeout_s=None):
         self.calls.append(("bucket", name, version, len(tensors)))
         raise ConnectionError("connection reset by peer")
 
@@ -243,7 +243,7 @@ class DiesAtBucket(Recorder):
 
 
 class Healthy(Recorder):
-    async def update_weights_from_distributed(self, tensors, name, version):
+    async def update_weights_from_distributed(self, tensors, name, version, timeout_s=None):
         await asyncio.sleep(0.05)  # the survivor's calls return after the dead server's failed
         await super().update_weights_from_distributed(tensors, name, version)
 
@@ -273,3 +273,41 @@ def test_find_lost_names_the_dead_and_those_already_marked_down():
     pool.mark_down(2, "health check failed")  # the health loop got there first
     assert asyncio.run(orch.find_lost([0, 1, 2])) == [1, 2]
     assert asyncio.run(orch.find_lost([0])) == []
+
+
+class EncodedRecorder(Recorder):
+    async def receive_encoded_bucket(self, tensors, name, version, timeout_s=None):
+        await self._call("encoded", name, version, len(tensors))
+
+
+def test_encoded_buckets_go_to_the_receiver_and_held_versions_follow_completed_updates():
+    """weight_sync.sync=delta: the same stages, the encoded bucket call; a server holds a version
+    only once every bucket of it arrived (what Paused.servers_version is computed from)."""
+    a, b = EncodedRecorder("a"), EncodedRecorder("b", hang_on="encoded")
+    orch, pool = orchestrator([a, b], timeout_s=0.2)
+    encoded = WeightSender(SENDER.group_name, "127.0.0.1", 1, SENDER.buckets, encoded=True)
+    assert [s.held_version for s in pool.up_slots] == [-1, -1]
+
+    async def go():
+        orch.next_generation()
+        await orch.init_groups((encoded,), "gloo")
+        with pytest.raises(StageError, match="weight broadcast bucket 1/2 of sender w to server 1"):
+            await orch.receive(3, (encoded,))
+
+    asyncio.run(go())
+    assert [c for c in a.calls if c[0] in ("bucket", "encoded")] == [
+        ("encoded", "w-1", 3, 1),
+        ("encoded", "w-1", 3, 1),
+    ]
+    assert [s.held_version for s in pool.up_slots] == [-1, -1]  # the update broke off: nobody holds 3
+    b.hang_on = None
+
+    async def again():
+        await orch.receive(4, (encoded,))
+
+    asyncio.run(again())
+    assert [s.held_version for s in pool.up_slots] == [4, 4]
+    pool.mark_down(1, "test")
+    pool.rejoin(1, b)
+    pool.promote_joining()
+    assert [s.held_version for s in pool.up_slots] == [4, -1]  # restarted: a full copy next

@@ -1,4 +1,5 @@
-"""Test-only fault injection: kill -9 a rollout server in the middle of a weight broadcast.
+"""Test-only fault injection: kill -9 a rollout server in the middle of a weight broadcast, or stall
+(SIGSTOP) a server or the trainer inside an update (below).
 
 Python's `site` imports this module in every process whose PYTHONPATH starts with this folder
 (tests/integration/e2e/test_e2e_faults.py puts it there for one launch.local run); it acts only
@@ -37,17 +38,79 @@ if ARM and _in_controller():
             order = json.loads(armed.read_text())
             armed.unlink()
             client = self.pool.slots[order["server"]].client
-            send = client.update_weights_from_distributed
             calls = []
 
-            async def dies_at_bucket(tensors, group_name, v):
-                calls.append(v)
-                if len(calls) == order["at_bucket"]:
-                    os.killpg(order["pid"], signal.SIGKILL)
-                    Path(ARM + ".fired").write_text(json.dumps({"version": version, "bucket": len(calls)}))
-                return await send(tensors, group_name, v)
+            def dies_at_bucket(send):
+                async def call(tensors, group_name, v, **kwargs):
+                    calls.append(v)
+                    if len(calls) == order["at_bucket"]:
+                        os.killpg(order["pid"], signal.SIGKILL)
+                        Path(ARM + ".fired").write_text(
+                            json.dumps({"version": version, "bucket": len(calls)})
+                        )
+                    return await send(tensors, group_name, v, **kwargs)
 
-            client.update_weights_from_distributed = dies_at_bucket  # this client only, this update
+                return call
+
+            # this client only, this update; a plain bucket or an encoded one (weight_sync.sync=delta)
+            client.update_weights_from_distributed = dies_at_bucket(client.update_weights_from_distributed)
+            client.receive_encoded_bucket = dies_at_bucket(client.receive_encoded_bucket)
         return await _receive(self, version, senders)
 
     weight_update.WeightUpdateOrchestrator.receive = _receive_with_fault
+
+
+# ---------------------------------------------------------------- stalls (test_e2e_starved.py)
+# Two more armed faults, each fired once, each a SIGSTOP the test ends with SIGCONT:
+# AREAL_TEST_STALL_SERVER_IN_UPDATE (controller): {"pid": a server's process group}: the next update
+#   stops that server just before begin_weight_update, so the stage's calls go unanswered;
+# AREAL_TEST_STALL_TRAINER_IN_BROADCAST (trainer): {}: the next broadcast stops the trainer just
+#   before its first bucket, while the servers wait for it inside the collective.
+STALL_SERVER = os.environ.get("AREAL_TEST_STALL_SERVER_IN_UPDATE", "")
+STALL_TRAINER = os.environ.get("AREAL_TEST_STALL_TRAINER_IN_BROADCAST", "")
+
+
+def _take(arm: str) -> dict | None:
+    armed = Path(arm)
+    if not armed.exists():
+        return None
+    order = json.loads(armed.read_text())
+    armed.unlink()
+    return order
+
+
+if STALL_SERVER and _in_controller():
+    from areal_jobs.rollout import weight_update as _wu
+
+    _receive_buckets = _wu.WeightUpdateOrchestrator._receive_buckets
+
+    async def _receive_buckets_with_stall(self, version, senders):
+        order = _take(STALL_SERVER)
+        if order is not None:
+            os.killpg(order["pid"], signal.SIGSTOP)
+            Path(STALL_SERVER + ".fired").write_text(json.dumps({"version": version}))
+        return await _receive_buckets(self, version, senders)
+
+    _wu.WeightUpdateOrchestrator._receive_buckets = _receive_buckets_with_stall
+
+
+def _in_trainer() -> bool:
+    try:
+        return b"areal_jobs.trainer.main" in Path("/proc/self/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+if STALL_TRAINER and _in_trainer():
+    from areal_jobs.weights import broadcast as _broadcast
+
+    _send_bucket = _broadcast.WeightBroadcastGroup.send_bucket
+
+    def _send_bucket_with_stall(self, bucket, tensors, stage):
+        order = _take(STALL_TRAINER)
+        if order is not None:
+            Path(STALL_TRAINER + ".fired").write_text(json.dumps({"stage": stage}))
+            os.kill(os.getpid(), signal.SIGSTOP)  # the test sends SIGCONT
+        return _send_bucket(self, bucket, tensors, stage)
+
+    _broadcast.WeightBroadcastGroup.send_bucket = _send_bucket_with_stall
