@@ -45,13 +45,20 @@ class CountdownRecipe:
     num_heads: int = 4
     num_kv_heads: int = 2
     max_positions: int = 512
-    sft_steps: int = 1500
-    sft_decay_steps: int = 1500  # cosine horizon
+    sft_steps: int = 700
+    sft_decay_steps: int = 700  # cosine horizon
     sft_tokens_per_step: int = 1024
     sft_lr: float = 3e-3
     max_misses: int = 3  # wrong attempts before the right one: uniform in 0..max_misses
+    # phase 2: the search habit (countdown_task.HABIT_AVOIDS_OP), fresh optimiser, cosine to 0
+    habit_steps: int = 500
+    habit_lr: float = 1e-3
+    habit_rate: float = 0.7  # share of phase-2 answers whose worker has the habit
     seed: int = 0
-    recipe_version: int = 1
+    recipe_version: int = 2
+
+
+_PHASE2_FIELDS = ("habit_steps", "habit_lr", "habit_rate", "recipe_version")
 
 
 def tokenizer_corpus(num_problems: int = 3000) -> list[str]:
@@ -83,8 +90,9 @@ def model_config(recipe: CountdownRecipe, vocab_size: int):
     )
 
 
-def build(out_dir: Path, recipe: CountdownRecipe, threads: int = 2) -> dict:
-    """Tokenizer, model and warm start in `out_dir`; returns build.json's content."""
+def build(out_dir: Path, recipe: CountdownRecipe, threads: int = 2, base: Path | None = None) -> dict:
+    """Tokenizer, model and warm start in `out_dir`; returns build.json's content. `base`: a model
+    built with the same phase-1 settings (its weights are phase 1's result): only phase 2 runs."""
     import torch
     from transformers import Qwen2ForCausalLM
 
@@ -93,34 +101,56 @@ def build(out_dir: Path, recipe: CountdownRecipe, threads: int = 2) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(recipe.seed)
     tokenizer = build_tokenizer(out_dir, recipe.vocab_size, tokenizer_corpus())
-    model = Qwen2ForCausalLM(model_config(recipe, len(tokenizer)))
-    rng = random.Random(recipe.seed + 1)
-    warmup = max(1, recipe.sft_decay_steps // 10)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return recipe.sft_lr * (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, recipe.sft_decay_steps - warmup))
-        return recipe.sft_lr * 0.5 * (1 + math.cos(math.pi * progress))
-
-    def example_at(problem: countdown_task.CountdownProblem, step: int) -> tuple[list[int], list[int]]:
-        prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
-        answer = countdown_task.worked_solution(problem, rng, recipe.max_misses)
-        ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
-        return prompt + ids, [0] * len(prompt) + [1] * len(ids)
-
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
-    loss = sft_loop(
-        model, opt, recipe.sft_tokens_per_step, recipe.sft_steps, lr_at, example_at, SFT_SEED,
-        "countdown warm start", problem_at=countdown_task.problem_at,
-    )  # fmt: skip
+    info: dict = {"recipe": asdict(recipe)}
+    if base is None:
+        model = Qwen2ForCausalLM(model_config(recipe, len(tokenizer)))
+        info["sft_final_loss"] = _phase(model, tokenizer, recipe, recipe.sft_steps, recipe.sft_decay_steps,
+                                        recipe.sft_lr, 0.0, SFT_SEED, "countdown warm start", rng_seed=1)  # fmt: skip
+    else:
+        base_info = json.loads((base / "build.json").read_text())
+        differ = [k for k, v in asdict(recipe).items() if k not in _PHASE2_FIELDS and base_info["recipe"].get(k) != v]
+        if differ:
+            raise ValueError(f"--base {base} was built with other phase-1 settings: {differ}")
+        model = Qwen2ForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+        info["phase_1_from"] = base_info
+    if recipe.habit_steps:
+        info["habit_final_loss"] = _phase(model, tokenizer, recipe, recipe.habit_steps, recipe.habit_steps,
+                                          recipe.habit_lr, recipe.habit_rate, SFT_SEED + 1, "countdown habit", rng_seed=2)  # fmt: skip
     model.eval()
     model.save_pretrained(str(out_dir), safe_serialization=True)
-    info = {"recipe": asdict(recipe), "sft_final_loss": loss, "build_s": round(time.time() - t0, 1)}
+    info["build_s"] = round(time.time() - t0, 1)
     info["heldout"] = heldout_accuracy(model, tokenizer)
     (out_dir / "build.json").write_text(json.dumps(info, indent=2))
     logger.info("countdown model built in %.0fs: %s -> %s", info["build_s"], info["heldout"], out_dir)
     return info
+
+
+def _phase(model, tokenizer, recipe, steps: int, decay_steps: int, lr: float, habit_rate: float,
+           stream_seed: int, desc: str, rng_seed: int) -> float:  # fmt: skip
+    """One packed SFT phase: a tenth of warm-up, then cosine over `decay_steps` (phase 1 stops
+    before the end of its schedule when decay_steps > steps); a fresh AdamW."""
+    import torch
+
+    rng = random.Random(recipe.seed + rng_seed)  # the worked answers' choices
+    warmup = max(1, decay_steps // 10)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, decay_steps - warmup))
+        return lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def example_at(problem: countdown_task.CountdownProblem, step: int) -> tuple[list[int], list[int]]:
+        prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
+        answer = countdown_task.worked_solution(problem, rng, recipe.max_misses, habit_rate)
+        ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+        return prompt + ids, [0] * len(prompt) + [1] * len(ids)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    return sft_loop(
+        model, opt, recipe.sft_tokens_per_step, steps, lr_at, example_at, stream_seed, desc,
+        problem_at=countdown_task.problem_at,
+    )  # fmt: skip
 
 
 def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) -> dict[str, float]:
@@ -168,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=COUNTDOWN_DIR, help="HF directory to write")
     parser.add_argument("--measure", type=Path, default=None, help="only measure this built model")
     parser.add_argument("--threads", type=int, default=2)
-    for name in ("sft_steps", "sft_decay_steps", "sft_lr", "max_misses", "num_layers", "seed"):
+    parser.add_argument("--base", type=Path, default=None, help="a phase-1 model of the same recipe: run phase 2 on it")
+    for name in ("sft_steps", "sft_decay_steps", "sft_lr", "max_misses", "num_layers", "seed", "habit_steps",
+                 "habit_lr", "habit_rate"):  # fmt: skip
         kind = type(getattr(CountdownRecipe(), name))
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=kind, default=getattr(CountdownRecipe(), name)
@@ -178,11 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure is not None:
         print(json.dumps(measure(args.measure), indent=2))
         return 0
-    recipe = replace(
-        CountdownRecipe(), sft_steps=args.sft_steps, sft_decay_steps=args.sft_decay_steps,
-        sft_lr=args.sft_lr, max_misses=args.max_misses, num_layers=args.num_layers, seed=args.seed,
-    )  # fmt: skip
-    print(json.dumps(build(args.out, recipe, args.threads), indent=2))
+    fields = ("sft_steps", "sft_decay_steps", "sft_lr", "max_misses", "num_layers", "seed", "habit_steps",
+              "habit_lr", "habit_rate")  # fmt: skip
+    recipe = replace(CountdownRecipe(), **{k: getattr(args, k) for k in fields})
+    print(json.dumps(build(args.out, recipe, args.threads, args.base), indent=2))
     return 0
 
 

@@ -183,13 +183,33 @@ def scratchpad(numbers: tuple[int, ...]) -> str:
     return " " + "; ".join(parts) + "."
 
 
-def worked_solution(problem: CountdownProblem, rng: random.Random, max_misses: int = 3) -> str:
-    """The scratchpad, 0..max_misses wrong attempts (distinct, uniformly chosen), one right attempt
-    (uniform among the solutions), and the answer."""
-    wrong = [a for a in attempts(problem.numbers) if a.value != problem.target]
-    misses = rng.sample(wrong, min(rng.randint(0, max_misses), len(wrong)))
-    hit = rng.choice(problem.solutions)
-    tries = [f" try {a.expression}: {a.step} no;" for a in misses]
-    tries.append(f" try {hit.expression}: {hit.step} yes.")
-    return scratchpad(problem.numbers) + "".join(tries) + f" answer: {hit.expression}"
+# The warm start's misconception (data/countdown_model.py, phase 2), the counterpart of the
+# arithmetic task's: a search habit. A worker with it never tries a pair's product ("(7*6)..."),
+# though the scratchpad lists them; on the problems every solution of which starts from a product
+# (about a quarter) it tries MAX_GIVE_UP_TRIES other attempts and answers the last, wrongly.
+HABIT_AVOIDS_OP = "*"
+MAX_GIVE_UP_TRIES = 4
 
+
+def worked_solution(
+    problem: CountdownProblem, rng: random.Random, max_misses: int = 3, habit_rate: float = 0.0
+) -> str:
+    """The scratchpad, 0..max_misses wrong attempts (distinct, uniformly chosen), one right attempt
+    (uniform among the solutions), and the answer. With probability `habit_rate` the worker has
+    the search habit (HABIT_AVOIDS_OP): it draws attempts only among those without a pair product,
+    and when none of them hits it gives up after MAX_GIVE_UP_TRIES, answering the last one."""
+    candidates = list(attempts(problem.numbers))
+    if habit_rate and rng.random() < habit_rate:
+        candidates = [a for a in candidates if a.op != HABIT_AVOIDS_OP]
+    hits = [a for a in candidates if a.value == problem.target]
+    wrong = [a for a in candidates if a.value != problem.target]
+    if hits:
+        misses = rng.sample(wrong, min(rng.randint(0, max_misses), len(wrong)))
+        final = rng.choice(hits)
+        tries = [f" try {a.expression}: {a.step} no;" for a in misses]
+        tries.append(f" try {final.expression}: {final.step} yes.")
+    else:
+        misses = rng.sample(wrong, min(MAX_GIVE_UP_TRIES, len(wrong)))
+        final = misses[-1]
+        tries = [f" try {a.expression}: {a.step} no;" for a in misses]
+    return scratchpad(problem.numbers) + "".join(tries) + f" answer: {final.expression}"

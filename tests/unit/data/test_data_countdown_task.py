@@ -84,3 +84,21 @@ def test_stream_and_held_out_prompts():
     ]
     prompts, report = read_eval_set(EvalSetSpec(EvalSet.countdown, limit=3), encode, 512)
     assert [p.reference for p in prompts] == [p.reference for p in held_out] and report.num_rows == 3
+
+
+def test_the_habit_avoids_pair_products_and_gives_up_where_only_they_solve():
+    """The warm start's misconception (phase 2): a worker with the habit never tries "(x*y)...";
+    it answers right exactly on the problems that have a solution without a pair product."""
+    rng = random.Random(0)
+    right = 0
+    for p in PROBLEMS[:400]:
+        text = countdown_task.worked_solution(p, rng, habit_rate=1.0)
+        solvable = any(s.op != countdown_task.HABIT_AVOIDS_OP for s in p.solutions)
+        tries = [t.split(":")[0] for t in text.split(" try ")[1:]]
+        assert not any(t[2] == "*" for t in tries), text  # "(x*y)" never tried
+        got = reward_countdown(text, p.reference).reward
+        assert got == float(solvable)
+        if not solvable:
+            assert len(tries) == countdown_task.MAX_GIVE_UP_TRIES and " yes." not in text
+        right += got
+    assert 0.6 < right / 400 < 0.85  # about a quarter of the problems need a product
