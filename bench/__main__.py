@@ -68,7 +68,12 @@ def run_sections(names: list[str], quick: bool) -> dict:
     from bench.harness import bench_model, sglang_server
 
     results: dict = {"quick": quick, "sections": {}, "errors": {}, "timing_s": {}, "load_after": {}}
-    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "load_start": _load()}
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_start": _load(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+    }
     t_start = time.monotonic()
     chosen = [s for s in SECTIONS if s[0] in names]
     server_users = [name for name, _, shared in chosen if shared]
@@ -124,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - {s[0] for s in SECTIONS}
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}")
+    if args.quick:
+        # the smoke runs beside other work (CI: the other test worker): 2-thread servers and
+        # trainers whose OpenMP threads spin-wait for a descheduled sibling generated 25-30
+        # tokens/s there instead of ~900 (pause section 97 s -> 33 s, a 2-thread server's start
+        # 97 s -> 37 s, load 5-10). Set before anything here loads torch; children inherit it.
+        # The full bench keeps the OpenMP default unless the caller sets it.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     results = run_sections(names, args.quick)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
