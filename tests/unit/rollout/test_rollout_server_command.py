@@ -12,7 +12,7 @@ from pathlib import Path
 
 from areal_jobs.config import DType, RolloutConfig
 from areal_jobs.rollout.server import sglang_command, sglang_env
-from areal_jobs.rollout.sglang_launch import KEY_ENV
+from areal_jobs.rollout.sglang_launch import KEY_ENV, START_METHOD_ENV
 from areal_jobs.rollout.vllm_server import vllm_command
 
 REPO = Path(__file__).resolve().parents[3]
@@ -60,6 +60,35 @@ def test_without_a_key_the_launcher_refuses_to_start_an_open_server() -> None:
         check=False,
     )
     assert proc.returncode == 1 and f"{KEY_ENV} is empty" in proc.stderr
+
+
+def test_on_cpu_sglang_forks_its_children_and_its_own_spawn_request_is_ignored(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """rollout.sglang_cpu_fork: the launcher pins "fork" before SGLang runs, and SGLang's own
+    `mp.set_start_method("spawn", force=True)` (its engine) no longer replaces it; a GPU server, or
+    the knob off, leaves SGLang's spawn alone, whatever the caller's environment says."""
+    assert sglang_env(KEY, cpu=True, threads=1, fork=True)[START_METHOD_ENV] == "fork"
+    monkeypatch.setenv(START_METHOD_ENV, "fork")  # the caller's environment does not decide
+    assert START_METHOD_ENV not in sglang_env(KEY, cpu=True, threads=1, fork=False)
+    assert START_METHOD_ENV not in sglang_env(KEY, cpu=False, threads=1, fork=True)
+    monkeypatch.delenv(START_METHOD_ENV)
+    fake = tmp_path / "sglang"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "launch_server.py").write_text(
+        "import multiprocessing as mp\n"
+        "if __name__ == '__main__':\n"
+        "    mp.set_start_method('spawn', force=True)  # as SGLang's engine does\n"
+        "    print(mp.get_start_method())\n"
+    )
+    base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]), **{KEY_ENV: KEY})
+    cmd = sglang_command("/m", "127.0.0.1", 30000, RolloutConfig(), DType.float32, True, 0)
+    for extra, method in (({START_METHOD_ENV: "fork"}, "fork"), ({}, "spawn")):
+        proc = subprocess.run(
+            cmd, env=dict(base, **extra), capture_output=True, text=True, timeout=60, check=True
+        )
+        assert proc.stdout.strip().splitlines()[-1] == method
 
 
 def test_a_shared_gpu_gives_each_engine_its_share_and_the_colocated_release() -> None:
