@@ -7,7 +7,7 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install system-packages run test test-repeat test-gpu test-unit lint format bench ablate clean ci warmstart vllm-venv eval scale
+.PHONY: install system-packages run test test-repeat test-gpu test-unit lint format bench bench-gpu gpu-wheels ablate clean ci warmstart vllm-venv eval scale
 # rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
 NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
@@ -85,6 +85,23 @@ format: install
 
 bench: install vllm-venv
 	$(PY) -m bench $(OVERRIDES)
+
+# The trainer on one GPU (bench/README.md "The trainer on one GPU"): Qwen2-1.5B shape, 8k-32k tokens per
+# micro-batch, before/after head and attention kernels, MFU in three units, memory beside the planner;
+# <= 8 minutes on one H100/H200 (OVERRIDES="--budget-s 600"); OVERRIDES=--smoke runs it on CPU.
+bench-gpu: install
+	$(PY) -m bench.gpu_trainer $(OVERRIDES)
+
+# The wheels a lent GPU machine lacks (it has torch, triton and transformers; no megatron-core, Hydra),
+# for Python 3.12 x86-64, into .whl/ (gitignored, ~3 MB): carried with `carry: [".whl"]` (bench/README.md)
+GPU_WHEELS := megatron-core==0.16.1 hydra-core==1.3.8 omegaconf==2.3.1
+gpu-wheels: install
+	rm -rf .whl && mkdir -p .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	$(PY) -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # an sdist only: built here, pure Python
+	ls -la .whl
 
 # The paper's staleness ablation in miniature (bench/README.md): eta in {0,1,2,4,8} x {decoupled, naive
 # PPO} x 2 seeds on the built-in task, about an hour on 2 cores; not part of CI.

@@ -6,6 +6,7 @@
 
 Sections (each a module with run(quick) -> dict[str, float] of flat `a/b` metrics):
 packing, controller (ceiling + ZeroMQ), weight_sync, pause (abort / in_place / drain),
+weight_delta (full copy vs delta by phase on bf16 SGLang and vLLM; bf16 values changed per step),
 reward_overhead (rewards on vs off), e2e (async per pause mode vs sync vs colocated sync, 3 interleaved
 rounds: medians and spreads, per-step breakdown, load), reward (rewards/s),
 sandbox (code rewards/s by sandbox mode: root netns vs unprivileged userns),
@@ -51,6 +52,9 @@ SECTIONS: list[tuple[str, str, bool]] = [
     ("pause", "bench.pause_bench", True),
     ("reward_overhead", "bench.reward_overhead_bench", True),
     ("engine", "bench.engine_bench", True),  # SGLang vs vLLM: vLLM started by the section itself
+    # full copy vs delta by phase on bf16 SGLang and vLLM servers (its own, one at a time), and
+    # the share of bf16 values changed per step (issue 35)
+    ("weight_delta", "bench.weight_delta_bench", False),
     ("e2e", "bench.e2e_bench", False),
     ("reward", "bench.reward_bench", False),
     ("sandbox", "bench.sandbox_bench", False),  # code rewards/s: netns (root) vs userns (as nobody)

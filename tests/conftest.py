@@ -31,6 +31,8 @@ LIBRARY_ENV = {
     "TILELANG_CACHE_DIR",
     "KMP_DUPLICATE_LIB_OK",
     "KMP_INIT_AT_FORK",
+    # torch._inductor's first compile (trainer.compile: tests/unit/trainer/test_trainer_compile.py)
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
 }
 # Changed on purpose by a fixture wider than one test, which restores it itself.
 FIXTURE_ENV = {

@@ -26,12 +26,21 @@ from areal_jobs.config.job import (
 from areal_jobs.config.keys import check_override_keys, closest_key, schema_keys, unknown_keys
 from areal_jobs.config.lora import LoraConfig, LoraFinal, LoraShip
 from areal_jobs.config.reward import NetworkIsolation, RewardConfig
-from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
+from areal_jobs.config.rollout import (
+    PauseMode,
+    RolloutConfig,
+    RolloutEngine,
+    ServingDType,
+    WorkflowConfig,
+    serving_dtype,
+)
 from areal_jobs.config.trainer import (
     Attention,
     CheckpointConfig,
     DistBackend,
+    LogprobKernel,
     Recompute,
+    SyncMode,
     TrainerBackend,
     TrainerConfig,
     WeightSync,
@@ -53,6 +62,7 @@ __all__ = [
     "DistBackend",
     "JobConfig",
     "LaunchConfig",
+    "LogprobKernel",
     "LoraConfig",
     "LoraFinal",
     "LoraShip",
@@ -65,6 +75,8 @@ __all__ = [
     "RolloutEngine",
     "LoggingConfig",
     "RunConfig",
+    "ServingDType",
+    "SyncMode",
     "TOKEN_ENV",
     "WandbMode",
     "TrainerBackend",
@@ -79,6 +91,7 @@ __all__ = [
     "resolve_job_token",
     "save_job_config",
     "schema_keys",
+    "serving_dtype",
     "to_job_config",
     "unknown_keys",
 ]

@@ -22,6 +22,21 @@ class Attention(enum.Enum):
     # one block-diagonal causal [T, T] mask over the whole row (the former path, kept so a
     # benchmark or a test can put both side by side): cost and memory T squared
     dense = "dense"
+    # CUDA only: torch's varlen_attn (FlashAttention-2 in libtorch), all sequences in one kernel
+    # from cu_seqlens; refused on CPU, where libtorch has no such kernel
+    varlen_attn = "varlen_attn"
+    # CUDA only: compiled FlexAttention with a document-causal block mask built once per
+    # micro-batch from cu_seqlens (the packed length bucketed to 512 tokens); refused on CPU, where
+    # FlexAttention has no backward
+    flex = "flex"
+
+
+class LogprobKernel(enum.Enum):
+    """The softmax side of the chunked LM head (trainer/logprobs.py)."""
+
+    auto = "auto"  # triton on CUDA when Triton is importable, torch otherwise (CPU)
+    triton = "triton"  # two fused Triton kernels per chunk (trainer/logprob_kernels.py)
+    torch = "torch"  # torch ops over float32 [chunk, V] logits
 
 
 class Recompute(enum.Enum):
@@ -36,6 +51,16 @@ class Recompute(enum.Enum):
 class WeightSync(enum.Enum):
     distributed = "distributed"  # torch.distributed broadcast (NCCL on GPU, gloo on CPU)
     disk = "disk"  # safetensors checkpoint + /update_weights_from_disk
+
+
+class SyncMode(enum.Enum):
+    """What one distributed weight update carries (weight_sync.sync)."""
+
+    full = "full"  # every tensor, every update (SGLang's and vLLM's own bucket loads)
+    # only the elements whose bits changed since the version every server holds (positions and
+    # values, checksummed per bucket; a full copy every weight_sync.full_every versions and
+    # whenever a server does not hold that version): docs/weight-sync.md
+    delta = "delta"
 
 
 class DistBackend(enum.Enum):
@@ -59,6 +84,7 @@ class TrainerConfig:
     # log-probs and entropy through the LM head this many tokens at a time (trainer/logprobs.py): no
     # [tokens, vocab] float32 logits; 0 = all scored tokens at once through plain autograd (the old path)
     logprob_chunk_tokens: int = 1024
+    logprob_kernel: LogprobKernel = LogprobKernel.auto
     threads: int = 1  # torch threads per trainer process (CPU mode)
     seed: int = 1
     tp_size: int = 1  # megatron only
@@ -70,6 +96,8 @@ class TrainerConfig:
     fsdp_mixed_precision: bool = False
     attention: Attention = Attention.varlen
     recompute: Recompute = Recompute.none
+    # torch.compile each decoder layer (dynamic shapes; attention itself stays outside the graphs)
+    compile: bool = False
     # cap on each rank's share of its GPU's memory (torch.cuda.set_per_process_memory_fraction) where
     # it shares the GPU with rollout servers; 0 = none. Set by the planner (gpu_shares.py)
     gpu_memory_fraction: float = 0.0
@@ -98,6 +126,11 @@ class TrainerConfig:
             raise ValueError(
                 "trainer.logprob_chunk_tokens must be >= 0 (tokens per LM-head chunk; 0 = no chunking)"
             )
+        if self.logprob_chunk_tokens == 0 and self.logprob_kernel is LogprobKernel.triton:
+            raise ValueError(
+                "trainer.logprob_kernel=triton fuses the chunked head: set trainer.logprob_chunk_tokens > 0 "
+                "(or trainer.logprob_kernel=auto/torch for the full-vocabulary path)"
+            )
         if self.megatron_vocab_multiple % self.tp_size:  # megatron: padded vocab splits evenly over TP
             raise ValueError(
                 f"trainer.megatron_vocab_multiple must be a multiple of trainer.tp_size={self.tp_size}"
@@ -113,6 +146,20 @@ class WeightSyncConfig:
     bucket_bytes: int = 1 << 30  # weights are sent in flattened buckets of at most this size
     master_port: int = 0  # 0 = pick a free port (local); set in cluster mode
     step_timeout_s: float = 120.0  # each handshake step (pause, group init, bucket, resume)
+    sync: SyncMode = SyncMode.full  # full | delta (docs/weight-sync.md)
+    # delta: a full copy (the anchor every delta chain starts from) at every version divisible by this
+    full_every: int = 20
+
+    def __post_init__(self) -> None:
+        if self.full_every < 1:
+            raise ValueError(
+                "weight_sync.full_every must be >= 1 (a full copy every N versions; 1 = every update)"
+            )
+        if self.sync is SyncMode.delta and self.method is not WeightSync.distributed:
+            raise ValueError(
+                "weight_sync.sync=delta diffs what a broadcast carries: set weight_sync.method=distributed "
+                "(or weight_sync.sync=full with the disk fallback)"
+            )
 
 
 @dataclass

@@ -27,9 +27,10 @@ from pathlib import Path
 import psutil
 import requests
 
-from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config
+from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config, serving_dtype
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.lora_adapters import lora_server_args, lora_server_env
+from areal_jobs.rollout.sglang_delta import LOADER as SGLANG_DELTA_LOADER
 from areal_jobs.rollout.sglang_launch import KEY_ENV as SGLANG_KEY_ENV
 from areal_jobs.rollout.sglang_launch import START_METHOD_ENV as SGLANG_START_METHOD_ENV
 from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
@@ -74,6 +75,8 @@ def sglang_command(
         "--random-seed", str(seed),
         "--skip-server-warmup",
         "--log-level", "warning",
+        # weight_sync.sync=delta: encoded buckets arrive through our loader (rollout/sglang_delta.py)
+        "--custom-weight-loader", SGLANG_DELTA_LOADER,
     ]  # fmt: skip
     if cpu:
         cmd += [
@@ -238,12 +241,13 @@ def start_server(
 ) -> ServerProcess:
     """Launch the rollout.engine server in its own process group, logging to `log_path`. Does not wait."""
     cpu = not cuda_available()
+    dtype = serving_dtype(rollout.dtype, model.dtype, gpu=not cpu)  # what the trainer sends (sender.py)
     if rollout.engine is RolloutEngine.vllm:
         python = vllm_python(rollout)
-        cmd = vllm_command(python, model_path, host, port, rollout, model.dtype, cpu, seed)
+        cmd = vllm_command(python, model_path, host, port, rollout, dtype, cpu, seed)
         env = vllm_env(api_key, cpu, rollout.server_threads)
     else:
-        cmd = sglang_command(model_path, host, port, rollout, model.dtype, cpu, seed)
+        cmd = sglang_command(model_path, host, port, rollout, dtype, cpu, seed)
         env = sglang_env(api_key, cpu, rollout.server_threads, fork=cpu and rollout.sglang_cpu_fork)
     cmd += lora_server_args(rollout.engine, model.lora, cpu)  # model.lora.ship=adapter only
     env.update(lora_server_env(rollout.engine, model.lora))
@@ -251,12 +255,13 @@ def start_server(
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     logger.info(
-        "%s server starting on %s:%d (pid %d, %s)",
+        "%s server starting on %s:%d (pid %d, %s, %s)",
         rollout.engine.value,
         host,
         port,
         proc.pid,
         "cpu" if cpu else "gpu",
+        dtype.value,
     )
     return ServerProcess(
         host=host, port=port, api_key=api_key, process=proc, engine=rollout.engine, log_path=log_path

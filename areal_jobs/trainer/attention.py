@@ -13,10 +13,16 @@ every micro-batch); on CUDA, SDPA takes its flash kernel for each sequence (GQA 
 micro-batches hold few sequences of hundreds to tens of thousands of tokens, so one kernel launch
 per sequence and layer is small next to the layer's matmuls. (Not measured on a GPU yet.)
 
+On CUDA two kernels take the whole row at once (trainer/packed_attention.py):
+`trainer.attention=varlen_attn` (torch's FlashAttention-2 varlen kernel) and `flex` (compiled
+FlexAttention with a document-causal block mask). `packed_causal_attention` dispatches to the
+three; each is exact against the others up to the kernels' summation order.
+
 Two users:
   - Megatron's local layer spec (trainer/megatron/attention.py), fed THD `PackedSeqParams`;
   - the Hugging Face models of the torch and FSDP2 backends: `hf_attn_implementation` registers
-    `hf_varlen_attention` with transformers' AttentionInterface as `areal_varlen`. transformers
+    `hf_varlen_attention` with transformers' AttentionInterface as `areal_varlen` (and as
+    `areal_varlen_attn` / `areal_flex` for the CUDA kernels). transformers
     builds no mask for a name missing from its AttentionMaskInterface (masking_utils.
     _preprocess_mask_arguments returns None for it), so no [T, T] tensor exists on the way
     either. `packed_forward_kwargs` hands the boundaries to the model as `cu_seq_lens_q`;
@@ -25,19 +31,23 @@ Two users:
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from areal_jobs.config import Attention
+from areal_jobs.trainer import packed_attention
+from areal_jobs.trainer.packed_attention import PackedLayout, layout_of
 
 HF_VARLEN = "areal_varlen"  # the attn_implementation name of hf_varlen_attention
-
-# the boundaries of the tensor they were last read from: every layer of one forward gets the same
-# cu_seq_lens_q / position_ids tensor, so a CUDA tensor costs one device sync per forward
-_last_bounds: tuple[weakref.ref, list[int]] | None = None
+# transformers' attn_implementation name of each packed kind (all three: hf_varlen_attention)
+HF_NAMES = {
+    Attention.varlen: HF_VARLEN,
+    Attention.varlen_attn: "areal_varlen_attn",
+    Attention.flex: "areal_flex",
+}
 
 
 def causal_attention_per_sequence(
@@ -77,26 +87,40 @@ def causal_attention_per_sequence(
 
 def bounds_of(cu_seqlens: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> list[int]:
     """Sequence boundaries [0, ..., T] from cu_seqlens, else from position ids [1, T] that restart
-    at 0 for each sequence (the packing convention)."""
-    global _last_bounds
-    source = cu_seqlens if cu_seqlens is not None else position_ids
-    if source is None:
-        raise ValueError("varlen attention needs cu_seq_lens_q or position_ids to find the sequences")
-    if _last_bounds is not None and _last_bounds[0]() is source:
-        return _last_bounds[1]
-    if cu_seqlens is not None:
-        bounds = [int(b) for b in cu_seqlens.tolist()]
-    else:
-        if position_ids.dim() != 2 or position_ids.shape[0] != 1:
-            raise ValueError(
-                f"varlen attention runs one packed row: position_ids {tuple(position_ids.shape)}"
-            )
-        starts = torch.nonzero(position_ids[0] == 0).flatten().tolist()
-        bounds = sorted({0, *starts}) + [int(position_ids.shape[1])]
-    _last_bounds = (weakref.ref(source), bounds)
-    return bounds
+    at 0 for each sequence (the packing convention). Read once per tensor (packed_attention.layout_of):
+    every layer of one forward gets the same one, so a CUDA tensor costs one sync per forward."""
+    return layout_of(cu_seqlens, position_ids).bounds
 
 
+def packed_causal_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: PackedLayout,
+    kind: Attention,
+    *,
+    scale: float | None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """query [T, heads, d], key/value [T, groups, d] (token-major) -> [T, heads, d] contiguous: each
+    sequence of `layout` attends causally to itself, by `trainer.attention` (varlen, varlen_attn, flex)."""
+    if kind is Attention.varlen:
+        return causal_attention_per_sequence(
+            query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), layout.bounds,
+            scale=scale, dropout_p=dropout_p,
+        )  # fmt: skip
+    if dropout_p:
+        raise ValueError(
+            f"trainer.attention={kind.value} has no attention dropout: set trainer.attention=varlen"
+        )
+    if kind is Attention.varlen_attn:  # its output takes q's strides: Megatron views it flat
+        return packed_attention.varlen_attn_packed(query, key, value, layout, scale=scale).contiguous()
+    if kind is Attention.flex:
+        return packed_attention.flex_attention_packed(query, key, value, layout, scale=scale)
+    raise ValueError(f"trainer.attention={kind.value} is not a packed attention kernel")
+
+
+@torch.compiler.disable  # trainer.compile: the boundaries are Python ints; compiled kernels inside
 def hf_varlen_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -105,10 +129,12 @@ def hf_varlen_attention(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
+    kind: Attention = Attention.varlen,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: query [1, heads, T, d], key/value [1, groups, T, d] ->
-    ([1, T, heads, d], no weights), as its sdpa implementation returns them."""
+    ([1, T, heads, d], no weights), as its sdpa implementation returns them. `kind`: the kernel
+    (bound per registered name, HF_NAMES)."""
     if query.shape[0] != 1:
         raise ValueError(
             f"attn_implementation={HF_VARLEN} attends within one packed row (batch 1), got batch "
@@ -134,24 +160,29 @@ def hf_varlen_attention(
         raise ValueError(
             f"attn_implementation={HF_VARLEN} takes the sequences from cu_seq_lens_q, not a mask"
         )
-    bounds = bounds_of(kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids"))
-    out = causal_attention_per_sequence(query[0], key[0], value[0], bounds, scale=scaling, dropout_p=dropout)
+    layout = layout_of(kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids"))
+    out = packed_causal_attention(
+        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), layout, kind,
+        scale=scaling, dropout_p=dropout,
+    )  # fmt: skip
     return out[None], None
 
 
 def hf_attn_implementation(attention: Attention) -> str:
-    """The `attn_implementation` to load a transformers model with for `trainer.attention`."""
+    """The `attn_implementation` to load a transformers model with for `trainer.attention` (the
+    backends refuse the CUDA-only kinds on CPU first: packed_attention.check_attention_device)."""
     if attention is Attention.dense:
         return "sdpa"  # transformers builds the block-diagonal mask from the restarting position ids
     from transformers import AttentionInterface
 
-    AttentionInterface.register(HF_VARLEN, hf_varlen_attention)
-    return HF_VARLEN
+    for kind, name in HF_NAMES.items():
+        AttentionInterface.register(name, partial(hf_varlen_attention, kind=kind))
+    return HF_NAMES[attention]
 
 
 def packed_forward_kwargs(model: torch.nn.Module, cu_seqlens: Sequence[int]) -> dict[str, object]:
     """Extra forward kwargs for a packed row: the boundaries for the varlen attention ({} for other
     attention implementations, which do not read them)."""
-    if getattr(model.config, "_attn_implementation", None) != HF_VARLEN:
+    if getattr(model.config, "_attn_implementation", None) not in HF_NAMES.values():
         return {}
     return {"cu_seq_lens_q": torch.as_tensor(cu_seqlens, dtype=torch.int64)}

@@ -15,7 +15,13 @@ at 0. trainer.attention=varlen (the default) attends within each sequence from t
 boundaries (trainer/attention.py, no [T, T] mask); dense lets transformers build the
 block-diagonal causal mask. Either way sequences never see each other.
 trainer.recompute=full recomputes each decoder layer in backward (transformers' gradient
-checkpointing); selective is Megatron's and refused by the config here.
+checkpointing); selective is Megatron's and refused by the config here. trainer.compile compiles
+each decoder layer (trainer/layer_compile.py); trainer.logprob_kernel picks the LM head's softmax
+side (logprobs.resolve_kernel: torch on CPU).
+
+Device: CPU unless the constructor is given one (`device=`, the GPU bench: bench/gpu_trainer.py);
+on a GPU the model, the packed row and the head run there and the per-token log-probs come back
+to the CPU (a differentiable copy) for the loss, as in the FSDP2 backend.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from areal_jobs.data.packing import balanced_microbatches, pack
 from areal_jobs.trainer import lora as lora_adapters
 from areal_jobs.trainer.attention import hf_attn_implementation, packed_forward_kwargs
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.logprobs import head_logprobs
+from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
+from areal_jobs.trainer.logprobs import head_logprobs, resolve_kernel
 from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, token_weights
+from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
 
 logger = logging.getLogger(__name__)
@@ -60,6 +68,7 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     entropy_grad: bool = False,
+    kernel: str = "torch",
 ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Log-probs of every output token of every sample under `model` at `temperature`, from one
     packed forward.
@@ -68,7 +77,7 @@ def token_logprobs(
     (the FSDP backend's GPU; None = CPU); with `with_entropy` also the policy's entropy at each of
     those positions, detached unless `entropy_grad` (algo.entropy_coef > 0: a loss term). The LM
     head runs `chunk_tokens` output positions at a time (trainer/logprobs.py); 0 = the path before
-    chunking (`_full_vocab`).
+    chunking (`_full_vocab`); `kernel` its softmax side ("torch" or "triton", logprobs.resolve_kernel).
     """
     packed = pack([s.input_ids for s in samples])
     input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
@@ -77,7 +86,7 @@ def token_logprobs(
     hidden, weight = final_hidden_states(model, input_ids, position_ids, **boundaries)
     logp, entropy = packed_head_logprobs(
         hidden, weight, input_ids[0], samples, packed.cu_seqlens[:-1].tolist(),
-        temperature=temperature, chunk_tokens=chunk_tokens, entropy_grad=entropy_grad,
+        temperature=temperature, chunk_tokens=chunk_tokens, entropy_grad=entropy_grad, kernel=kernel,
     )  # fmt: skip
     return (logp, entropy) if with_entropy else logp
 
@@ -92,6 +101,7 @@ def packed_head_logprobs(
     temperature: float,
     chunk_tokens: int,
     entropy_grad: bool = False,
+    kernel: str = "torch",
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The LM-head half of token_logprobs: hidden states [T, H] of a packed row `ids` [T] (sample
     i starting at starts[i]) -> per sample (log-probs [n_i], entropies [n_i]) of its outputs."""
@@ -114,6 +124,7 @@ def packed_head_logprobs(
         temperature=temperature,
         chunk_tokens=chunk_tokens,
         entropy_grad=entropy_grad,
+        kernel=kernel,
     )
     sizes = [s.num_output_tokens for s in samples]
     return list(logp.split(sizes)), list(entropy.split(sizes))
@@ -221,6 +232,7 @@ class TorchBackend:
         lora: LoraConfig | None = None,
         *,
         temperature: float = 1.0,
+        device: torch.device | str | None = None,
     ) -> None:
         self.cfg = trainer_cfg
         self.algo = algo
@@ -228,6 +240,8 @@ class TorchBackend:
         self.dtype = dtype
         self.temperature = temperature  # rollout.temperature: the policy that sampled the batch
         self.lora = lora or LoraConfig()  # rank > 0: only the adapters train (trainer/lora.py)
+        self.device = torch.device(device) if device is not None else None  # None: CPU
+        self.kernel = resolve_kernel(trainer_cfg.logprob_kernel, self.device)
         self.model: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None  # frozen initial weights, for algo.kl_coef > 0
         self.optimizer: torch.optim.Optimizer | None = None
@@ -236,19 +250,28 @@ class TorchBackend:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(self.cfg.seed)
+        check_attention_device(self.cfg.attention.value, self.device)
         attention = hf_attn_implementation(self.cfg.attention)
+        if self.cfg.compile:
+            check_compile_device(self.device)
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation=attention
-        )
+        ).to(self.device)
         if self.lora.enabled:
             lora_adapters.apply_lora(self.model, self.lora, self.cfg.seed)
         if self.cfg.recompute is Recompute.full:
             enable_layer_recompute(self.model)
+        if self.cfg.compile:
+            compile_layers(hf_decoder_layers(self.model))
         self.model.train()
         if self.algo.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(
-                self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation=attention
-            ).eval()
+            self.reference = (
+                AutoModelForCausalLM.from_pretrained(
+                    self.model_path, dtype=getattr(torch, self.dtype.value), attn_implementation=attention
+                )
+                .to(self.device)
+                .eval()
+            )
             self.reference.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             lora_adapters.trainable_parameters(self.model),
@@ -259,15 +282,24 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ training
 
-    def _logprobs(self, model: torch.nn.Module, samples: list[TrainSample], **kwargs):
-        """token_logprobs of the tempered policy, chunked as trainer.logprob_chunk_tokens says."""
-        return token_logprobs(
+    def _logprobs(self, model: torch.nn.Module, samples: list[TrainSample], with_entropy=False, **kwargs):
+        """token_logprobs of the tempered policy, chunked as trainer.logprob_chunk_tokens says, on
+        the CPU (from the GPU by one differentiable copy per micro-batch)."""
+        out = token_logprobs(
             model,
             samples,
+            self.device,
             temperature=self.temperature,
             chunk_tokens=self.cfg.logprob_chunk_tokens,
+            kernel=self.kernel,
+            with_entropy=with_entropy,
             **kwargs,
         )
+        if self.device is None or self.device.type == "cpu":
+            return out
+        sizes = [s.num_output_tokens for s in samples]
+        parts = [torch.cat(part).cpu().split(sizes) for part in (out if with_entropy else (out,))]
+        return (list(parts[0]), list(parts[1])) if with_entropy else list(parts[0])
 
     def train_step(self, batch: TrainBatch | None) -> dict[str, float]:
         assert self.model is not None and self.optimizer is not None, "call setup() first"

@@ -20,8 +20,13 @@ Parts (docs/memory.md derives each term and the bench that checks it):
                 of the scored tokens' logits; a chunk of c tokens keeps ~2 [c, V] float32 copies
                 and a float32 head-weight gradient
   attention     trainer.attention=dense: the [T, T] block mask and its per-layer copy that the
-                kernel keeps for backward; varlen: none
-  runtime       CUDA context, communicator buffers (a constant), not on CPU
+                kernel keeps for backward; varlen, varlen_attn, flex: none
+  GPU only (GpuOverheads: parameters that bench/gpu_trainer.py measures and refits):
+  kernel workspace  varlen_attn / flex backward: a float32 dq accumulator over the micro-batch
+  compile workspace trainer.compile: inductor's buffers beyond the eager tensors (fit; 0 until measured)
+  allocator reserve the caching allocator's reserved memory above its allocated peak (fit; 0 until
+                measured: memory_plan.USABLE_SHARE's 5% of the GPU stands for it)
+  runtime       CUDA context, communicator buffers (a constant), outside the caching allocator
 
 Per-layer activation bytes come from what the layers' autograd saves (counted op by op in
 docs/memory.md); the log-prob and mask terms from the code paths; the CPU bench
@@ -47,6 +52,29 @@ _BYTES = {DType.float32: 4, DType.bfloat16: 2, DType.float16: 2}
 
 
 @dataclass(frozen=True)
+class GpuOverheads:
+    """What a GPU adds to a trainer rank beyond the tensors the model counts. The defaults are
+    estimates from the kernels' code, not yet measurements: bench/gpu_trainer.py prints measured /
+    predicted per point (allocated, reserved, device) and the values these would take to fit
+    (`fit_overheads`), for the session lent a GPU to write back here."""
+
+    # outside torch's caching allocator: CUDA context (~0.5 GiB), NCCL buffers, library handles
+    runtime_bytes: int = RUNTIME_RESERVE_BYTES
+    # the caching allocator's reserved memory above its allocated peak, as a fraction of the
+    # allocated peak (block rounding, segments split by earlier larger requests). 0 until measured:
+    # memory_plan.USABLE_SHARE plans for 95% of the GPU, which covers 5%
+    reserve_fraction: float = 0.0
+    # trainer.compile: inductor's own buffers (generated kernels' workspaces) at the peak; 0 until measured
+    compile_workspace_bytes: int = 0
+    # varlen_attn (FlashAttention-2) and flex backward: bytes per query element of the micro-batch
+    # (T x heads x head_dim): FlashAttention-2's float32 dq accumulator (flex's: assumed alike)
+    attention_workspace_bytes_per_query_elem: int = 4
+
+
+DEFAULT_GPU_OVERHEADS = GpuOverheads()
+
+
+@dataclass(frozen=True)
 class TrainerMemoryInputs:
     """Everything of the job and its plan that sizes one trainer rank."""
 
@@ -59,12 +87,20 @@ class TrainerMemoryInputs:
     tokens: int  # trainer.max_tokens_per_microbatch: one packed micro-batch
     scored_tokens: int  # output positions of the micro-batch that go through the LM head (<= tokens)
     recompute: str  # none | selective | full
-    attention: str  # varlen | dense
+    attention: str  # varlen | dense | varlen_attn | flex
     logprob_chunk_tokens: int  # 0 = the whole micro-batch's scored tokens at once
     reference_model: bool = False  # algo.kl_coef > 0
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # model.lora: rank > 0 trains adapters
     vocab_multiple: int = 1  # Megatron pads the vocabulary to a multiple of this
     on_gpu: bool = True  # the runtime reserve exists on a GPU only
+    # trainer.logprob_kernel as run: "triton" (one [chunk, V] buffer in the compute dtype) or
+    # "torch"; `of` plans `auto` as torch, the larger, until a GPU measurement confirms the kernel's
+    logprob_kernel: str = "torch"
+    compile: bool = False  # trainer.compile
+    # the attention kernel copies K and V to every query head, and keeps the copies for backward
+    # (dense always; varlen_attn on torch < 2.12, which has no GQA flag)
+    kv_repeat: bool = False
+    overheads: GpuOverheads = DEFAULT_GPU_OVERHEADS
 
     @classmethod
     def of(cls, job: JobConfig, *, tp: int, pp: int, dp: int, on_gpu: bool = True) -> TrainerMemoryInputs:
@@ -89,6 +125,8 @@ class TrainerMemoryInputs:
             lora=job.model.lora,
             vocab_multiple=t.megatron_vocab_multiple if t.backend is TrainerBackend.megatron else 1,
             on_gpu=on_gpu,
+            logprob_kernel="triton" if t.logprob_kernel.value == "triton" else "torch",
+            compile=t.compile,
         )
 
     def but(self, **changes) -> TrainerMemoryInputs:
@@ -104,6 +142,16 @@ class MemoryEstimate:
     @property
     def total_bytes(self) -> int:
         return sum(b for _, b, _ in self.parts)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """What torch's caching allocator hands out at the peak (torch.cuda.max_memory_allocated)."""
+        return self.total_bytes - self.part("runtime") - self.part("allocator reserve")
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What the caching allocator holds from the device at the peak (max_memory_reserved)."""
+        return self.total_bytes - self.part("runtime")
 
     def part(self, name: str) -> int:
         return sum(b for n, b, _ in self.parts if n == name)
@@ -128,8 +176,33 @@ def trainer_memory(shape: ModelShape, x: TrainerMemoryInputs) -> MemoryEstimate:
         parts.append(("reference model", frozen, "frozen copy for algo.kl_coef > 0, sharded alike"))
     parts += [_activations(shape, x), _logprobs(shape, x), _attention(shape, x)]
     if x.on_gpu:
-        parts.append(("runtime", RUNTIME_RESERVE_BYTES, "CUDA context, communicators, workspaces"))
+        parts += _gpu_parts(shape, x, sum(b for _, b, _ in parts))
     return MemoryEstimate(tuple(parts))
+
+
+def _gpu_parts(shape: ModelShape, x: TrainerMemoryInputs, tensors: int) -> list[tuple[str, int, str]]:
+    """The GPU's additions (GpuOverheads); a part whose parameter is 0 is left out of the list."""
+    o = x.overheads
+    parts = []
+    if x.attention in ("varlen_attn", "flex"):
+        q = shape.num_heads * shape.head_dim // x.tp
+        size = x.tokens * q * o.attention_workspace_bytes_per_query_elem
+        parts.append(
+            ("kernel workspace", size, f"{x.attention} backward: dq accumulator, {x.tokens:,} x {q}")
+        )
+    if x.compile and o.compile_workspace_bytes:
+        parts.append(("compile workspace", o.compile_workspace_bytes, "trainer.compile: inductor buffers"))
+    if o.reserve_fraction:
+        allocated = tensors + sum(b for _, b, _ in parts)
+        parts.append(
+            (
+                "allocator reserve",
+                int(allocated * o.reserve_fraction),
+                f"{o.reserve_fraction:.1%} of allocated",
+            )
+        )
+    parts.append(("runtime", o.runtime_bytes, "CUDA context, communicators, workspaces"))
+    return parts
 
 
 def rank_params(shape: ModelShape, x: TrainerMemoryInputs) -> int:
@@ -205,13 +278,15 @@ def layer_activation_bytes(shape: ModelShape, x: TrainerMemoryInputs) -> dict[st
         # the GLU's `x_linear + glu_linear_offset` (a copy even at offset 0) and the fc2 input
         rope = 4 * shape.head_dim
         rest = e * (6 * h + (q + 2 * kv) + (q + kv) + rope + q + 5 * f / tp) + 8
+        if x.kv_repeat:  # the repeated K and V the kernel keeps, beside the THD originals
+            rest += e * 2 * q
     else:
         # two HF RMSNorms: float32 input, normalised and output (12H in float32; 16H per layer in
         # bf16: a float32 copy and two bf16 tensors each); roped q and k and v (dense: k and v
         # repeated to every query head by transformers' sdpa path), o_proj's input, and the MLP's
         # gate, silu(gate), up and product
         norms = 24 * h if e == 4 else 16 * h
-        keys = 2 * q if x.attention == "dense" else 2 * kv
+        keys = 2 * q if x.attention == "dense" or x.kv_repeat else 2 * kv
         rest = norms + e * (q + keys + q + 4 * f)
     return {"core": core, "rest": rest}
 
@@ -258,6 +333,11 @@ def _logprobs(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]
     chunk = min(x.logprob_chunk_tokens, n)
     # the weight gradient accumulates in float32 (+ a bf16 product per chunk for bf16 weights)
     head_grad = vocab * shape.hidden_size * (4 + (2 if e == 2 else 0))
+    if x.logprob_kernel == "triton":
+        # the Triton kernels read the matmul's logits in the compute dtype and write the gradient
+        # over them (trainer/logprob_kernels.py): one [chunk, V] buffer
+        size = chunk * vocab * e + head_grad + rows
+        return ("log-probs", size, f"chunks of {chunk:,} tokens: [{chunk:,}, {vocab:,}] x {e} B (Triton)")
     size = int(CHUNK_COPIES * chunk * vocab * 4) + head_grad + rows
     return (
         "log-probs",
@@ -269,6 +349,8 @@ def _logprobs(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]
 def _attention(shape: ModelShape, x: TrainerMemoryInputs) -> tuple[str, int, str]:
     if x.attention == "varlen":
         return ("attention", 0, "varlen: per-sequence kernels, no [T, T] tensor")
+    if x.attention in ("varlen_attn", "flex"):
+        return ("attention", 0, f"{x.attention}: one kernel from cu_seqlens, no [T, T] tensor")
     layers = -(-shape.num_layers // x.pp) * x.pp
     # the bool block mask, and per layer the additive mask SDPA converts it to (compute dtype),
     # which the fused kernel keeps for its backward

@@ -143,6 +143,20 @@ def check_lora_serving(cfg: JobConfig) -> None:
         raise SystemExit(f"invalid configuration: {exc}") from None
 
 
+def check_trainer_kernels(cfg: JobConfig) -> None:
+    """trainer.attention=varlen_attn / flex run on CUDA only: refused before any process starts
+    where the trainer would run on the CPU (no GPU; trainer=torch, which trains on the CPU)."""
+    from areal_jobs.config import TrainerBackend
+    from areal_jobs.rollout.server import cuda_available
+    from areal_jobs.trainer.packed_attention import check_attention_device
+
+    on_cuda = cfg.trainer.backend is not TrainerBackend.torch and cuda_available()
+    try:
+        check_attention_device(cfg.trainer.attention.value, "cuda" if on_cuda else None)
+    except ValueError as exc:
+        raise SystemExit(f"invalid configuration: {exc}") from None
+
+
 def start_role(name: str, module: str, config: Path, env: dict[str, str], log: Path, *extra: str) -> Role:
     with log.open("ab") as f:
         proc = subprocess.Popen(
@@ -221,6 +235,7 @@ def launch(cfg: JobConfig) -> int:
         logger.info("resuming %s from its last checkpoint", run_dir)
     check_local_memory(cfg)
     check_lora_serving(cfg)
+    check_trainer_kernels(cfg)
     run_dir.chmod(cfg.run.dir_mode)  # a directory an older version left 0755
     print_first_prompt(cfg)
     if cuda_available():  # every server and trainer rank 0 share GPU 0 here: divide its memory

@@ -16,7 +16,8 @@ One `train_step`, on every rank at once:
      tokens, clipping at `trainer.grad_clip` and one AdamW step. FSDP averages gradients over
      ranks; the loss is already a global token-mean, so each rank scales it by the world size
      (exact for powers of two) and the reduced gradient is the sum, as in one process.
-Packing, log-probs, `trainer.attention` and `trainer.recompute=full` are the torch backend's
+Packing, log-probs, `trainer.attention`, `trainer.logprob_kernel`, `trainer.compile` and
+`trainer.recompute=full` are the torch backend's
 (`token_logprobs`): one row, positions restarting; per-sequence attention by default; the LM head
 chunked (trainer/logprobs.py) on the root's unsharded head weight.
 
@@ -47,7 +48,10 @@ from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.fsdp import state as fsdp_state
+from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
+from areal_jobs.trainer.logprobs import resolve_kernel
 from areal_jobs.trainer.loss import LossStats, ppo_loss
+from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.process_group import join_default_group
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
 from areal_jobs.trainer.torch_backend import (
@@ -118,6 +122,10 @@ class FSDPBackend:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         torch.manual_seed(self.cfg.seed)
+        self.kernel = resolve_kernel(self.cfg.logprob_kernel, self.device)
+        check_attention_device(self.cfg.attention.value, self.device)
+        if self.cfg.compile:
+            check_compile_device(self.device)
         model = AutoModelForCausalLM.from_pretrained(
             self.model_path,
             dtype=getattr(torch, self.dtype.value),
@@ -127,6 +135,8 @@ class FSDPBackend:
             lora_adapters.apply_lora(model, self.lora, self.cfg.seed)
         if self.cfg.recompute is Recompute.full:  # before fully_shard: per decoder layer
             enable_layer_recompute(model)
+        if self.cfg.compile:  # after recompute, before fully_shard (torchtitan's order)
+            compile_layers(hf_decoder_layers(model))
         self.architecture = type(model).__name__  # fully_shard renames the class: export the original
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.model = fsdp_state.shard(model, self.cfg.fsdp_mixed_precision, self.device)
@@ -156,7 +166,10 @@ class FSDPBackend:
         model = self.model if model is None else model
         assert model is not None
         kwargs = dict(
-            device=self.device, temperature=self.temperature, chunk_tokens=self.cfg.logprob_chunk_tokens
+            device=self.device,
+            temperature=self.temperature,
+            chunk_tokens=self.cfg.logprob_chunk_tokens,
+            kernel=self.kernel,
         )
         if samples:
             return token_logprobs(

@@ -1,4 +1,4 @@
-"""Core attention of Megatron's local (non-TransformerEngine) layer spec, both `trainer.attention`s.
+"""Core attention of Megatron's local (non-TransformerEngine) layer spec, every `trainer.attention`.
 
 Megatron's stock local `DotProductAttention` materialises [b, heads, s, s] scores, repeats K/V per
 query group and refuses packed sequences (`PackedSeqParams` is TransformerEngine's). This module
@@ -9,6 +9,9 @@ heads, GQA groups and the softmax scale come from Megatron's own bookkeeping, an
     [t, groups, d]) and applies RoPE per sequence from cu_seqlens, so positions restart at 0 as
     in Hugging Face; each sequence attends causally to itself (trainer/attention.py): Σ lᵢ²
     compute, no [T, T] mask. Returns [t, heads * d] (SelfAttention restores [t, 1, hidden]).
+  - varlen_attn, flex (CUDA): the same THD micro-batch through torch's FlashAttention varlen
+    kernel or compiled FlexAttention with a document mask built once per micro-batch
+    (trainer/packed_attention.py), every layer sharing it.
   - dense: query [s, b, heads, d] with a bool [b, 1, s, s] block-diagonal causal mask (True =
     masked), through torch's fused scaled_dot_product_attention. On CPU the stock version took
     2.8x as long as the fused kernel for a train step of the built-in model.
@@ -18,14 +21,22 @@ wraps whatever module sits here, so it recomputes this one.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from areal_jobs.trainer.attention import bounds_of, causal_attention_per_sequence
+from areal_jobs.config import Attention
+from areal_jobs.trainer.attention import packed_causal_attention
+from areal_jobs.trainer.packed_attention import layout_of
 
 
 class PackedCoreAttention(DotProductAttention):
-    """Drop-in for the local spec's `core_attention`: THD packed (varlen) or dense-masked."""
+    """Drop-in for the local spec's `core_attention`: THD packed (varlen, varlen_attn, flex: `kind`,
+    a ModuleSpec param) or dense-masked."""
+
+    def __init__(self, *args, kind: Attention = Attention.varlen, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kind = kind
 
     def forward(
         self,
@@ -66,12 +77,13 @@ class PackedCoreAttention(DotProductAttention):
         if params.cu_seqlens_kv is not None and params.cu_seqlens_kv is not params.cu_seqlens_q:
             if not bool((params.cu_seqlens_kv == params.cu_seqlens_q).all()):
                 raise ValueError("self-attention: cu_seqlens_q and cu_seqlens_kv must be equal")
-        context = causal_attention_per_sequence(
-            query.transpose(0, 1),  # [heads, t, d]
-            key.transpose(0, 1),
-            value.transpose(0, 1),
-            bounds_of(params.cu_seqlens_q),
-            scale=self.softmax_scale,
-            dropout_p=dropout_p,
-        )
+        context = _packed(query, key, value, params.cu_seqlens_q, self.kind, self.softmax_scale, dropout_p)
         return context.view(query.shape[0], self.hidden_size_per_partition)  # [t, heads, d] -> [t, heads * d]
+
+
+@torch.compiler.disable  # trainer.compile: the boundaries are Python ints; compiled kernels inside
+def _packed(query, key, value, cu_seqlens, kind: Attention, scale, dropout_p):
+    """query [t, heads, d], key/value [t, groups, d] (Megatron's THD layout) -> [t, heads, d]."""
+    return packed_causal_attention(
+        query, key, value, layout_of(cu_seqlens), kind, scale=scale, dropout_p=dropout_p
+    )

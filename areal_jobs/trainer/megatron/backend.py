@@ -23,9 +23,10 @@ time, at `rollout.temperature`; the padded vocab columns are left out, so the so
 HF vocab exactly.
 Packing: one row per micro-batch, its sequences' boundaries as THD PackedSeqParams for
 TransformerEngine's attention or, without TE, for our per-sequence core attention
-(megatron/attention.py, trainer.attention=varlen); trainer.attention=dense gives the local spec a
-block-diagonal causal [T, T] mask instead. trainer.recompute: Megatron's activation
-recomputation (model.recompute_settings).
+(megatron/attention.py: trainer.attention=varlen, varlen_attn or flex); trainer.attention=dense
+gives the local spec a block-diagonal causal [T, T] mask instead. trainer.recompute: Megatron's
+activation recomputation (model.recompute_settings). trainer.compile: each TransformerLayer
+compiled (trainer/layer_compile.py); trainer.logprob_kernel: the head's softmax side.
 
 Who does what: every method runs on every trainer rank at once. `weight_specs`/`iter_weights`
 gather TP shards collectively; the TP-rank-0, DP-rank-0 rank of each pipeline stage is that
@@ -58,6 +59,8 @@ from areal_jobs.config import AlgoConfig, Attention, DType, TrainerConfig
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
+from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, megatron_decoder_layers
+from areal_jobs.trainer.logprobs import resolve_kernel
 from areal_jobs.trainer.loss import LossStats, ppo_loss
 from areal_jobs.trainer.megatron import model as megatron_model
 from areal_jobs.trainer.megatron import weights as megatron_weights
@@ -65,6 +68,7 @@ from areal_jobs.trainer.megatron.convert import ModelDims, ParamMap, param_maps
 from areal_jobs.trainer.megatron.dist import init_distributed
 from areal_jobs.trainer.megatron.head import OutputHead
 from areal_jobs.trainer.megatron.microbatch import MicroBatch, build_microbatch
+from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.torch_backend import prox_from_gradient_pass, split_minibatches, step_weights
 
 logger = logging.getLogger(__name__)
@@ -110,16 +114,20 @@ class MegatronBackend:
         )
         self.dims.check_layout(cfg.tp_size, cfg.pp_size)
         self._use_te = megatron_model.use_transformer_engine()
-        if self._use_te and cfg.attention is Attention.dense:
+        if self._use_te and cfg.attention is not Attention.varlen:
             raise ValueError(
-                "trainer.attention=dense is the local spec's masked attention; with TransformerEngine "
+                f"trainer.attention={cfg.attention.value} is the local spec's attention; with TransformerEngine "
                 "installed the trainer attends per sequence with TE's THD kernels: set trainer.attention=varlen"
             )
         # the sequences' boundaries as THD PackedSeqParams (TE's attention or ours), else a dense mask
-        self._thd = self._use_te or cfg.attention is Attention.varlen
+        self._thd = self._use_te or cfg.attention is not Attention.dense
         self._device = (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         )
+        check_attention_device(cfg.attention.value, self._device)
+        if cfg.compile:
+            check_compile_device(self._device)
+        self._kernel = resolve_kernel(cfg.logprob_kernel, self._device)
         self._tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self._pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self._dp_rank = parallel_state.get_data_parallel_rank()
@@ -138,6 +146,8 @@ class MegatronBackend:
             recompute=cfg.recompute,
         )
         self._gpt = self._load_gpt(config)
+        if cfg.compile:
+            compile_layers(megatron_decoder_layers(self._gpt))
         module = Float16Module(config, self._gpt) if self._dtype != torch.float32 else self._gpt
         # algo.kl_coef > 0: the initial weights, frozen, sharded like the policy (same TP/PP
         # layout, its own config so no DDP hook reaches it); used forward-only, once per batch
@@ -181,7 +191,7 @@ class MegatronBackend:
         cfg = self._cfg
         return megatron_weights.load_gpt(
             self.dims, config, self._model_path, tp_size=cfg.tp_size, tp_rank=self._tp_rank,
-            pp_size=cfg.pp_size, pp_rank=self._pp_rank, use_te=self._use_te,
+            pp_size=cfg.pp_size, pp_rank=self._pp_rank, use_te=self._use_te, attention=cfg.attention,
         )  # fmt: skip
 
     def _output_head(self, gpt) -> OutputHead:
@@ -192,6 +202,7 @@ class MegatronBackend:
             tp_rank=self._tp_rank,
             temperature=self._temperature,
             chunk_tokens=self._cfg.logprob_chunk_tokens,
+            kernel=self._kernel,
         )
 
     # ------------------------------------------------------------------------------ training

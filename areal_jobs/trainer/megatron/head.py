@@ -3,7 +3,8 @@
 The GPTModel (model.HiddenStateGPTModel) stops at the final norm on the last pipeline stage; the
 output layer's weight (the word embedding's when tied, this stage's copy of it under PP) is applied
 here, vocab-parallel over the TP group, `trainer.logprob_chunk_tokens` output positions at a time
-(trainer/logprobs.py), only where the next token is an output token. The padded vocabulary columns
+(trainer/logprobs.py; with trainer.logprob_kernel=triton its softmax side is the fused Triton
+kernels, each shard's partial statistics combined over TP), only where the next token is an output token. The padded vocabulary columns
 are left out, so the softmax is over the HF vocabulary exactly; the logits are divided by the
 sampling temperature. `logprob_chunk_tokens=0` keeps the full-vocabulary path as it was (every
 position's `[T, V/tp]` float32 logits through Megatron's vocab_parallel_cross_entropy), to measure
@@ -26,7 +27,15 @@ class OutputHead:
     """Log-probs and entropy at a micro-batch's output positions from `[T, 1, H]` hidden states."""
 
     def __init__(
-        self, gpt, dims: ModelDims, *, tp_size: int, tp_rank: int, temperature: float, chunk_tokens: int
+        self,
+        gpt,
+        dims: ModelDims,
+        *,
+        tp_size: int,
+        tp_rank: int,
+        temperature: float,
+        chunk_tokens: int,
+        kernel: str = "torch",
     ) -> None:
         self._gpt = gpt
         self._dims = dims
@@ -34,6 +43,7 @@ class OutputHead:
         self._vocab_start = tp_rank * self._per_rank
         self._temperature = temperature
         self._chunk_tokens = chunk_tokens
+        self.kernel = kernel  # the chunked head's softmax side: torch or triton (logprobs.resolve_kernel)
 
     def logprobs(
         self, hidden: torch.Tensor, mb: MicroBatch, *, entropy_grad: bool = False
@@ -54,6 +64,7 @@ class OutputHead:
             num_valid=self._dims.vocab_size,
             vocab_start=self._vocab_start,
             tp_group=parallel_state.get_tensor_model_parallel_group(),
+            kernel=self.kernel,
         )
 
     @torch.no_grad()

@@ -25,7 +25,7 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from areal_jobs.config import Recompute
+from areal_jobs.config import Attention, Recompute
 from areal_jobs.trainer.megatron.attention import PackedCoreAttention
 from areal_jobs.trainer.megatron.convert import ModelDims
 
@@ -114,11 +114,12 @@ def recompute_settings(recompute: Recompute) -> dict[str, Any]:
     return {}
 
 
-def layer_spec(dims: ModelDims, *, use_te: bool) -> ModuleSpec:
+def layer_spec(dims: ModelDims, *, use_te: bool, attention: Attention = Attention.varlen) -> ModuleSpec:
     if use_te:
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_norm)
     spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
+    core = ModuleSpec(module=PackedCoreAttention, params={"kind": attention})
+    spec.submodules.self_attention.submodules.core_attention = core
     return spec
 
 
@@ -147,12 +148,14 @@ class HiddenStateGPTModel(GPTModel):
         return self.output_layer.weight
 
 
-def build_gpt(dims: ModelDims, config: TransformerConfig, *, use_te: bool) -> GPTModel:
+def build_gpt(
+    dims: ModelDims, config: TransformerConfig, *, use_te: bool, attention: Attention = Attention.varlen
+) -> GPTModel:
     """This pipeline stage's GPTModel (model-parallel state must be initialised); the last stage
     returns hidden states, not logits (HiddenStateGPTModel)."""
     return HiddenStateGPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(dims, use_te=use_te),
+        transformer_layer_spec=layer_spec(dims, use_te=use_te, attention=attention),
         vocab_size=dims.padded_vocab_size,
         max_sequence_length=dims.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -23,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from areal_jobs.api import TensorSpec
+from areal_jobs.config import Attention
 from areal_jobs.trainer.megatron.convert import (
     ModelDims,
     ParamMap,
@@ -101,9 +102,9 @@ def load_hf_weights(
 
 
 def load_gpt(dims: ModelDims, config, model_path: str, *, tp_size: int, tp_rank: int, pp_size: int,
-             pp_rank: int, use_te: bool) -> torch.nn.Module:  # fmt: skip
+             pp_rank: int, use_te: bool, attention: Attention = Attention.varlen) -> torch.nn.Module:  # fmt: skip
     """This stage's GPTModel built from `config` with the HF weights (its TP shards)."""
-    gpt = build_gpt(dims, config, use_te=use_te)
+    gpt = build_gpt(dims, config, use_te=use_te, attention=attention)
     load_hf_weights(
         gpt, model_path, dims, tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
         te_fused_norms=use_te,

@@ -87,6 +87,11 @@ TRAINER_CASES: dict[str, dict] = {
     "recompute_selective": dict(recompute="selective"),
     "attention_dense": dict(attention="dense"),
 }
+# trainer.* values the backends run on CUDA only and refuse on CPU by name: their kernels are checked
+# against the CPU paths on a GPU (tests/gpu/test_trainer_kernels_gpu.py) and on CPU as far as torch
+# runs them there (tests/unit/trainer/test_trainer_packed_attention.py: flex forward, varlen_attn's
+# arguments)
+CUDA_ONLY: dict[str, set[str]] = {"attention": {"varlen_attn", "flex"}}
 # trainer case -> the backends whose config refuses it (TrainerConfig.__post_init__)
 TRAINER_REFUSED: dict[str, tuple[str, ...]] = {"recompute_selective": ("torch", "fsdp")}
 

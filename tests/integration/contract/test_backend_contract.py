@@ -234,10 +234,14 @@ def test_trainer_refusals(case):
 
 
 def test_every_trainer_mode_is_covered():
-    """Every value of trainer.recompute and trainer.attention is the default or a TRAINER_CASE."""
+    """Every value of trainer.recompute and trainer.attention is the default, a TRAINER_CASE or
+    CUDA-only (refused on CPU; checked on a GPU)."""
+    from contract_cases import CUDA_ONLY
+
     from areal_jobs.config import Attention, Recompute, TrainerConfig
 
     default = TrainerConfig()
     for field, enum in (("recompute", Recompute), ("attention", Attention)):
         covered = {case[field] for case in TRAINER_CASES.values() if field in case}
-        assert covered | {getattr(default, field).value} == {v.value for v in enum}, field
+        covered |= {getattr(default, field).value} | CUDA_ONLY.get(field, set())
+        assert covered == {v.value for v in enum}, field

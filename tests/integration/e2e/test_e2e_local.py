@@ -122,6 +122,28 @@ def ledger(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
+def assert_every_sample_trained_once(run_dir: Path, steps: int, batch: int, group: int, eta: int) -> dict:
+    """The ledger of a finished run: steps 1..`steps`, every sample and prompt trained exactly once
+    (none lost, none twice), every prompt the stream gave out either trained or still pending at
+    the end, and no trained token older than `eta` versions. Returns summary.json."""
+    rows = ledger(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    samples = [s for r in rows for s in r["samples"]]
+    assert len(samples) == len(set(samples)) == steps * batch * group  # none lost, none twice
+    trained = [i for r in rows for i in r["data_indices"]]
+    assert len(trained) == len(set(trained)) == steps * batch
+    assert all(
+        r["max_staleness"] <= eta and r["trained_at_version"] - r["oldest_version"] <= eta for r in rows
+    )
+    final = json.loads((run_dir / "rollout_final.json").read_text())
+    pending = set(final["in_progress"]) | set(final["untrained"]) | set(final["requeued"])
+    assert not pending & set(trained)
+    assert set(trained) | pending == set(range(final["stream_position"])), "a prompt was lost"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == steps and summary["max_staleness_seen"] <= eta
+    return summary
+
+
 ASYNC_STEPS = 6  # the asynchronous run (eta = 4) is test_e2e_unprivileged's: one stack start for both
 
 

@@ -82,7 +82,7 @@ def attention_worker(rank: int, world: int, models: dict[str, str]) -> dict:
     out = {}
     for family, path in models.items():
         logp = {}
-        for attention in Attention:
+        for attention in (Attention.varlen, Attention.dense):  # the CPU kinds (flex, varlen_attn: CUDA)
             cfg = trainer_config(attention=attention, max_tokens_per_microbatch=1024)  # one micro-batch
             backend = start_backend(path, cfg)
             logits = backend.full_logits([s.input_ids for s in data.samples]).numpy()
@@ -92,6 +92,13 @@ def attention_worker(rank: int, world: int, models: dict[str, str]) -> dict:
                     backend.train_step(data)
                 logp["square_tensors"] = seen.found
         out[family] = logp
+    refusals = {}
+    for attention in (Attention.flex, Attention.varlen_attn):
+        try:
+            start_backend(models["qwen2"], trainer_config(attention=attention))
+        except ValueError as exc:
+            refusals[attention.value] = str(exc)
+    out["refusals"] = refusals
     return out
 
 
@@ -124,3 +131,9 @@ def test_varlen_train_step_allocates_no_t_by_t_tensor(results):
     _, out = results
     for family in FAMILIES:
         assert out[family]["square_tensors"] == [], family
+
+
+def test_cuda_attention_kinds_are_refused_on_cpu(results):
+    _, out = results
+    assert sorted(out["refusals"]) == ["flex", "varlen_attn"]
+    assert all("set trainer.attention=varlen" in message for message in out["refusals"].values())

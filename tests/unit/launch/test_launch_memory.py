@@ -28,7 +28,7 @@ from areal_jobs.config import (
     register_configs,
     to_job_config,
 )
-from launch.planning.memory import TrainerMemoryInputs, trainer_memory
+from launch.planning.memory import RUNTIME_RESERVE_BYTES, GpuOverheads, TrainerMemoryInputs, trainer_memory
 from launch.planning.memory_plan import USABLE_SHARE, check_memory, memory_plan, memory_shares
 from launch.planning.model_shape import ModelShape, named_shape, resolve_shape, shape_from_hf_config
 from launch.planning.plan import apply_plan, plan_job
@@ -85,6 +85,40 @@ def test_full_vocabulary_and_dense_paths_by_hand() -> None:
     assert got["attention"] == 64 * 64 * (1 + 2 * 4)  # bool mask + a float32 mask per layer
     # dense: transformers repeats k and v to both query heads (8 + 8 instead of 4 + 4)
     assert got["activations"] == (2 * (584 + 4 * 8) + 128) * 64
+
+
+def test_triton_head_keeps_one_chunk_in_the_compute_dtype() -> None:
+    x = inputs(TrainerBackend.torch, logprob_kernel="triton")
+    # one [16, 100] buffer (the logits, then their gradient, float32 here), the head-weight
+    # gradient and the gathered rows; the rest as with the torch head
+    assert parts(trainer_memory(SMALL, x))["log-probs"] == 16 * 100 * 4 + 100 * 8 * 4 + 48 * 8 * 4
+    bf16 = inputs(TrainerBackend.megatron, param_bytes=2, compute_bytes=2, logprob_kernel="triton")
+    assert parts(trainer_memory(SMALL, bf16))["log-probs"] == 16 * 100 * 2 + 100 * 8 * 6 + 48 * 8 * 2
+
+
+def test_gpu_overheads_are_parts_of_their_own() -> None:
+    """On a GPU: the runtime (outside the allocator), and per GpuOverheads the fused attention's
+    workspace, inductor's, and the allocator's reserve over everything allocated; the estimate
+    splits allocated / reserved / total as torch reports them."""
+    base = trainer_memory(SMALL, inputs(TrainerBackend.torch, on_gpu=True))
+    assert parts(base)["runtime"] == RUNTIME_RESERVE_BYTES
+    assert base.allocated_bytes == base.reserved_bytes == base.total_bytes - RUNTIME_RESERVE_BYTES
+    assert {"kernel workspace", "compile workspace", "allocator reserve"}.isdisjoint(parts(base))
+    o = GpuOverheads(runtime_bytes=1000, reserve_fraction=0.1, compile_workspace_bytes=500)
+    x = inputs(TrainerBackend.torch, on_gpu=True, attention="flex", compile=True, overheads=o)
+    got = trainer_memory(SMALL, x)
+    assert parts(got)["kernel workspace"] == 64 * 8 * 4  # T x q float32
+    assert parts(got)["compile workspace"] == 500
+    assert parts(got)["allocator reserve"] == int(got.allocated_bytes * 0.1)
+    assert got.reserved_bytes == got.allocated_bytes + parts(got)["allocator reserve"]
+    assert got.total_bytes == got.reserved_bytes + 1000
+    assert parts(got)["attention"] == 0  # no [T, T] tensor
+    # varlen_attn before torch 2.12 repeats K and V to both query heads and keeps them: as dense
+    repeat = parts(
+        trainer_memory(SMALL, inputs(TrainerBackend.torch, attention="varlen_attn", kv_repeat=True))
+    )
+    dense = parts(trainer_memory(SMALL, inputs(TrainerBackend.torch, attention="dense")))
+    assert repeat["activations"] == dense["activations"]
 
 
 def test_recompute_full_keeps_layer_inputs_and_one_layer() -> None:
@@ -283,3 +317,18 @@ def test_lora_trains_the_adapters_only_by_hand() -> None:
     assert got["parameters"] == (2024 + adapters) * 4
     assert got["gradients"] == adapters * 4 and got["optimizer"] == adapters * 8
     assert full["gradients"] == 2024 * 4  # full fine-tuning: every parameter
+
+
+def test_the_plan_takes_auto_as_the_torch_head_and_triton_as_asked() -> None:
+    """trainer.logprob_kernel=auto is planned as the torch head (the larger) until a GPU
+    measurement confirms the kernel's figure; triton asked for is planned as the kernel."""
+    from areal_jobs.config import LogprobKernel
+
+    auto = TrainerMemoryInputs.of(flagship(), tp=1, pp=1, dp=8)
+    triton = TrainerMemoryInputs.of(
+        flagship(logprob_kernel=LogprobKernel.triton, compile=True), tp=1, pp=1, dp=8
+    )
+    assert (auto.logprob_kernel, auto.compile) == ("torch", False)
+    assert (triton.logprob_kernel, triton.compile) == ("triton", True)
+    shape = named_shape("qwen2_1p5b")
+    assert parts(trainer_memory(shape, triton))["log-probs"] < parts(trainer_memory(shape, auto))["log-probs"]

@@ -38,17 +38,23 @@ if ARM and _in_controller():
             order = json.loads(armed.read_text())
             armed.unlink()
             client = self.pool.slots[order["server"]].client
-            send = client.update_weights_from_distributed
             calls = []
 
-            async def dies_at_bucket(tensors, group_name, v):
-                calls.append(v)
-                if len(calls) == order["at_bucket"]:
-                    os.killpg(order["pid"], signal.SIGKILL)
-                    Path(ARM + ".fired").write_text(json.dumps({"version": version, "bucket": len(calls)}))
-                return await send(tensors, group_name, v)
+            def dies_at_bucket(send):
+                async def call(tensors, group_name, v, **kwargs):
+                    calls.append(v)
+                    if len(calls) == order["at_bucket"]:
+                        os.killpg(order["pid"], signal.SIGKILL)
+                        Path(ARM + ".fired").write_text(
+                            json.dumps({"version": version, "bucket": len(calls)})
+                        )
+                    return await send(tensors, group_name, v, **kwargs)
 
-            client.update_weights_from_distributed = dies_at_bucket  # this client only, this update
+                return call
+
+            # this client only, this update; a plain bucket or an encoded one (weight_sync.sync=delta)
+            client.update_weights_from_distributed = dies_at_bucket(client.update_weights_from_distributed)
+            client.receive_encoded_bucket = dies_at_bucket(client.receive_encoded_bucket)
         return await _receive(self, version, senders)
 
     weight_update.WeightUpdateOrchestrator.receive = _receive_with_fault
