@@ -82,7 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arms", default=None, help=f"comma-separated, of {','.join(ARMS)}")
     p.add_argument("--delays", type=_ints, default=None, help="algo.exact_delay values")
     p.add_argument("--seeds", type=_ints, default=None, help="trainer.seed values (paired across arms)")
-    p.add_argument("--lrs", "--lr", type=_floats, default=None, help="trainer.lr values (calibrate: 3e-4,1e-3,3e-3)")
+    p.add_argument(
+        "--lrs", "--lr", type=_floats, default=None, help="trainer.lr values (calibrate: 3e-4,1e-3,3e-3)"
+    )
     p.add_argument("--minibatches", type=_ints, default=[4], help="algo.ppo_minibatches values")
     p.add_argument("--steps", type=int, default=120, help="trainer.total_steps of every run")
     p.add_argument("--effect", type=float, default=0.05, help="pilot: the difference to resolve")
@@ -197,7 +199,9 @@ def write_outputs(args: argparse.Namespace, runs: list[dict]) -> str:
     if args.command == "calibrate":
         table = calibration_table(runs)
         text = calibration_markdown(table)
-        (args.out / "calibration.json").write_text(json.dumps({"settings": settings, "table": table, "runs": runs}, indent=2))
+        (args.out / "calibration.json").write_text(
+            json.dumps({"settings": settings, "table": table, "runs": runs}, indent=2)
+        )
         (args.out / "calibration.md").write_text(text + "\n")
         return text
     cells = ablation_summary(runs)
@@ -286,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     todo, runs, stopped = plan(args), [], False
     for i, cell in enumerate(todo, 1):
         elapsed_h = (time.monotonic() - t_start) / 3600
-        if args.budget_h and elapsed_h > args.budget_h and not (args.reuse and finished(args.run_root / run_name(cell), cell["steps"])):
+        if (
+            args.budget_h
+            and elapsed_h > args.budget_h
+            and not (args.reuse and finished(args.run_root / run_name(cell), cell["steps"]))
+        ):
             stopped = True
             continue  # finished runs are still collected below; unfinished ones wait for the next part
         print(f"[{i}/{len(todo)}] {run_name(cell)} ...", flush=True)
@@ -304,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(args, runs)
     text = write_outputs(args, runs)
     if args.command in ("run", "pilot"):
-        png = plot(ablation_summary(runs), args.out / f"{'pilot' if args.command == 'pilot' else 'ablation'}.png")
+        png = plot(
+            ablation_summary(runs), args.out / f"{'pilot' if args.command == 'pilot' else 'ablation'}.png"
+        )
         if png:
             print(f"wrote {png}")
     print(text)

@@ -55,7 +55,9 @@ def bootstrap_ci(values: list[float], level: float = 0.95, seed: int = 0) -> tup
     rng = random.Random(seed)
     means = sorted(sum(rng.choices(xs, k=len(xs))) / len(xs) for _ in range(BOOTSTRAP_RESAMPLES))
     tail = (1 - level) / 2
-    return means[int(tail * BOOTSTRAP_RESAMPLES)], means[min(int((1 - tail) * BOOTSTRAP_RESAMPLES), BOOTSTRAP_RESAMPLES - 1)]
+    return means[int(tail * BOOTSTRAP_RESAMPLES)], means[
+        min(int((1 - tail) * BOOTSTRAP_RESAMPLES), BOOTSTRAP_RESAMPLES - 1)
+    ]
 
 
 def ok_runs(runs: list[dict]) -> list[dict]:
@@ -76,7 +78,12 @@ def paired_differences(runs: list[dict], arm: str, outcome: str) -> dict[tuple, 
             diffs.append(float(a[outcome]) - float(n[outcome]))
             seeds.append(seed)
         if diffs:
-            out[cell] = {"diffs": diffs, "seeds": seeds, **(mean_sd(diffs) or {}), "ci95": bootstrap_ci(diffs)}
+            out[cell] = {
+                "diffs": diffs,
+                "seeds": seeds,
+                **(mean_sd(diffs) or {}),
+                "ci95": bootstrap_ci(diffs),
+            }
     return out
 
 
@@ -115,7 +122,9 @@ def calibration_table(runs: list[dict]) -> dict:
     runs = ok_runs(runs)
     for lr, mb in sorted({(float(r["lr"]), int(r["minibatches"])) for r in runs}):
         row: dict = {"lr": lr, "minibatches": mb, "delays": {}}
-        for delay in sorted({int(r["delay"]) for r in runs if float(r["lr"]) == lr and int(r["minibatches"]) == mb}):
+        for delay in sorted(
+            {int(r["delay"]) for r in runs if float(r["lr"]) == lr and int(r["minibatches"]) == mb}
+        ):
             chosen = [r for r in runs if cell_key(r) == (lr, mb, delay)]
             row["delays"][str(delay)] = {
                 "preclip": mean_sd([r.get("preclip") for r in chosen]),
@@ -188,7 +197,12 @@ def ablation_markdown(cells: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in cells.values():
         mech = c["mechanism"]
-        row = [f"{c['lr']:g}", str(c["minibatches"]), str(c["delay"]), f"{_ms(mech['preclip'])} ({_ms(mech['preclip_cut'])})"]
+        row = [
+            f"{c['lr']:g}",
+            str(c["minibatches"]),
+            str(c["delay"]),
+            f"{_ms(mech['preclip'])} ({_ms(mech['preclip_cut'])})",
+        ]
         for arm in ARMS:
             row.append(_ms(c["arms"].get(arm, {}).get("sampled_end")))
         for arm, outcome in (("decoupled", "sampled_end"), ("decoupled", "greedy_end"), ("decoupled", "reward_auc"),
@@ -230,5 +244,7 @@ def record_from_rows(rows: list[dict], delay: int) -> dict[str, float | None]:
         "abs_log_w_p99": mean_after(train, "offpolicy/abs_log_w_p99", first),
         "ess": mean_after(train, "offpolicy/ess", first),
         "clip_fraction": mean_after(train, "ppo/clip_fraction", first),
-        "steps_at_delay": float(sum(1 for r in train if r.get("staleness/min") == delay == r.get("staleness/max"))),
+        "steps_at_delay": float(
+            sum(1 for r in train if r.get("staleness/min") == delay == r.get("staleness/max"))
+        ),
     }

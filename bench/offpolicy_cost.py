@@ -82,10 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         offpolicy_stats(pre, behav, adv, mask, 0.2, 0.2, 20.0)
     alone = (time.process_time() - t0) / 10
     tokens = batch.num_output_tokens
-    print(f"train step ({tokens} output tokens, {args.minibatches} minibatch(es)), CPU s, median of {args.rounds}:")
+    print(
+        f"train step ({tokens} output tokens, {args.minibatches} minibatch(es)), CPU s, median of {args.rounds}:"
+    )
     print(f"  with offpolicy/* {with_s:.4f}  without {without_s:.4f}  ratio {with_s / without_s:.4f} "
           f"({1000 * (with_s - without_s):+.1f} ms per step)")  # fmt: skip
-    print(f"  offpolicy_stats alone on {n} tokens: {1000 * alone:.1f} ms ({1e9 * alone / n:.0f} ns per token)")
+    print(
+        f"  offpolicy_stats alone on {n} tokens: {1000 * alone:.1f} ms ({1e9 * alone / n:.0f} ns per token)"
+    )
     return 0
 
 

@@ -10,7 +10,9 @@ from areal_jobs.config.lora import LoraConfig
 
 class Dataset(enum.Enum):
     arith = "arith"  # the built-in, code-generated multi-step arithmetic task
-    countdown = "countdown"  # the second built-in task: make a target from three digits (data/countdown_task.py)
+    countdown = (
+        "countdown"  # the second built-in task: make a target from three digits (data/countdown_task.py)
+    )
     gsm8k = "gsm8k"  # GSM8K-style JSONL: {"question", "answer"} with "#### <answer>"
     math = "math"  # MATH-style JSONL: {"problem", "solution"} with \boxed{...}
     humaneval = "humaneval"  # HumanEval JSONL: prompt + check(candidate) tests

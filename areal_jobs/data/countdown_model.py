@@ -108,7 +108,11 @@ def build(out_dir: Path, recipe: CountdownRecipe, threads: int = 2, base: Path |
                                         recipe.sft_lr, 0.0, SFT_SEED, "countdown warm start", rng_seed=1)  # fmt: skip
     else:
         base_info = json.loads((base / "build.json").read_text())
-        differ = [k for k, v in asdict(recipe).items() if k not in _PHASE2_FIELDS and base_info["recipe"].get(k) != v]
+        differ = [
+            k
+            for k, v in asdict(recipe).items()
+            if k not in _PHASE2_FIELDS and base_info["recipe"].get(k) != v
+        ]
         if differ:
             raise ValueError(f"--base {base} was built with other phase-1 settings: {differ}")
         model = Qwen2ForCausalLM.from_pretrained(str(base), dtype=torch.float32)
@@ -198,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=COUNTDOWN_DIR, help="HF directory to write")
     parser.add_argument("--measure", type=Path, default=None, help="only measure this built model")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--base", type=Path, default=None, help="a phase-1 model of the same recipe: run phase 2 on it")
+    parser.add_argument(
+        "--base", type=Path, default=None, help="a phase-1 model of the same recipe: run phase 2 on it"
+    )
     for name in ("sft_steps", "sft_decay_steps", "sft_lr", "max_misses", "num_layers", "seed", "habit_steps",
                  "habit_lr", "habit_rate"):  # fmt: skip
         kind = type(getattr(CountdownRecipe(), name))

@@ -32,6 +32,7 @@ from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.lora_adapters import lora_server_args, lora_server_env
 from areal_jobs.rollout.sglang_delta import LOADER as SGLANG_DELTA_LOADER
 from areal_jobs.rollout.sglang_launch import KEY_ENV as SGLANG_KEY_ENV
+from areal_jobs.rollout.sglang_launch import START_METHOD_ENV as SGLANG_START_METHOD_ENV
 from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
 from areal_jobs.transport import discovery
 
@@ -95,17 +96,23 @@ def sglang_command(
     return cmd + list(rollout.extra_server_args)
 
 
-def sglang_env(api_key: str, cpu: bool, threads: int) -> dict[str, str]:
+def sglang_env(api_key: str, cpu: bool, threads: int, fork: bool = False) -> dict[str, str]:
+    """`fork` (rollout.sglang_cpu_fork, CPU only): SGLang's scheduler and detokenizer are forked
+    from the started server instead of spawned (sglang_launch.py: no second import of torch and
+    SGLang in each)."""
     env = dict(os.environ)
     # behaviour log-probs of the tempered distribution that sampled (SGLang's default, pinned so an
     # inherited setting cannot switch it to the untempered model's): what the trainer computes
     env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "false"
     env[SGLANG_KEY_ENV] = api_key
+    env.pop(SGLANG_START_METHOD_ENV, None)  # decided here, never inherited
     if cpu:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_STUBS_DIR), env.get("PYTHONPATH")]))
         env["OMP_NUM_THREADS"] = str(threads)
         env["MKL_NUM_THREADS"] = str(threads)
+        if fork:
+            env[SGLANG_START_METHOD_ENV] = "fork"
     return env
 
 
@@ -241,7 +248,7 @@ def start_server(
         env = vllm_env(api_key, cpu, rollout.server_threads)
     else:
         cmd = sglang_command(model_path, host, port, rollout, dtype, cpu, seed)
-        env = sglang_env(api_key, cpu, rollout.server_threads)
+        env = sglang_env(api_key, cpu, rollout.server_threads, fork=cpu and rollout.sglang_cpu_fork)
     cmd += lora_server_args(rollout.engine, model.lora, cpu)  # model.lora.ship=adapter only
     env.update(lora_server_env(rollout.engine, model.lora))
     log_path.parent.mkdir(parents=True, exist_ok=True)

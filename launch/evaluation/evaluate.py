@@ -95,7 +95,9 @@ def parse_args(argv: list[str] | None = None) -> EvalArgs:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = EvalArgs.__dataclass_fields__
     p.add_argument(
-        "--ckpt", default="", help="HF dir (final_hf/), or checkpoints/step_N (default: the task's warm start)"
+        "--ckpt",
+        default="",
+        help="HF dir (final_hf/), or checkpoints/step_N (default: the task's warm start)",
     )
     p.add_argument("--data", default="builtin", help="'builtin', 'countdown' or a JSONL file")
     p.add_argument("--format", choices=[e.value for e in EvalSet], help="file layout (default: detected)")

@@ -41,7 +41,10 @@ LAYERS: list[tuple[str, set[str]]] = [
 # Imports inside one layer that are part of the design, each with its reason.
 SIDEWAYS = {
     ("areal_jobs.report", "areal_jobs.metrics"): "the end-of-run summary reads the metrics sink's rows",
-    ("areal_jobs.data", "areal_jobs.reward"): "the countdown warm start scores itself with the task's verifier",
+    (
+        "areal_jobs.data",
+        "areal_jobs.reward",
+    ): "the countdown warm start scores itself with the task's verifier",
 }
 
 

@@ -40,7 +40,11 @@ def test_two_run_ablation_writes_paired_table_json_and_plot(tmp_path):
     assert (out / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[2/2] decoupled-lr0.001-mb4-d1-s1-n3" in result.stdout
     table = subprocess.run(
-        [sys.executable, "-m", "bench.ablate", "table", *common], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "bench.ablate", "table", *common],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert table.returncode == 0, table.stderr[-2000:]
     assert json.loads((out / "ablation.json").read_text())["cells"] == data["cells"]

@@ -16,7 +16,6 @@ from areal_jobs.config import PauseMode
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.sglang_client import SGLangClient
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
-from areal_jobs.transport.discovery import free_port
 from areal_jobs.weights.broadcast import WeightBroadcastGroup
 from areal_jobs.weights.buckets import plan_buckets
 
@@ -33,8 +32,10 @@ class Broadcaster:
         self.client = client_for(server)
         self.pool.add(0, self.client)
         self.orch = WeightUpdateOrchestrator(self.pool, pause_mode, step_timeout_s=120)
-        port = free_port()
-        self.group = WeightBroadcastGroup(f"test-{port}", "127.0.0.1", port, "gloo", timeout_s=120)
+        # the store binds now on a port the kernel picks (as the trainer does): one picked free
+        # earlier can be taken by another worker's server before the first update binds it
+        self.group = WeightBroadcastGroup("test", "127.0.0.1", 0, "gloo", timeout_s=120)
+        self.group.base_name = f"test-{self.group.listen()}"
         self.bucket_bytes = bucket_bytes
 
     async def publish(self, named: dict[str, torch.Tensor], version: int, on_paused=None) -> None:

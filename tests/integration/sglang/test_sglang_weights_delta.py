@@ -1,7 +1,8 @@
 """weight_sync.sync=delta into a real SGLang server (the session's CPU server), through SGLang's
 custom weight loader: after a full copy, several deltas and a refused one (wrong base version,
 answered with the whole bucket), the server's live weights are bitwise those of a full copy of the
-same version (SGLang's own per-parameter checksums, /weights_checker) and so are its log-probs.
+same version (SGLang's own per-parameter checksums, /weights_checker), its greedy tokens are the
+same and its log-probs within rounding.
 
 The trainer's float32 masters travel rounded to bfloat16 (rollout.dtype=bfloat16), so the deltas
 are what a bf16 server gets: about 1% of the values per step. Runs last of the session server's
@@ -15,6 +16,7 @@ import asyncio
 import pytest
 import requests
 import torch
+from float_ulps import ulps_from
 from safetensors.torch import load_file
 from sglang_harness import EncodedBroadcaster, client_for
 
@@ -54,6 +56,19 @@ async def greedy(server, inputs) -> list[tuple[list[int], list[float]]]:
     finally:
         await client.close()
     return [(r.output_ids, r.logprobs) for r in out]
+
+
+def assert_same_server(a, b, max_ulps: float = 8.0) -> None:
+    """Every live parameter bit for bit, the same greedy tokens, and log-probs within a few float32
+    ulps: with bitwise-equal weights, SGLang's CPU kernels still round differently when the three
+    concurrent requests batch differently (CI: 1 ulp at -4.53), so only the weights are bitwise."""
+    (sums_a, greedy_a), (sums_b, greedy_b) = a, b
+    assert sums_a == sums_b
+    assert [t for t, _ in greedy_a] == [t for t, _ in greedy_b]
+    lp_a = torch.tensor([x for _, lp in greedy_a for x in lp], dtype=torch.float32)
+    lp_b = torch.tensor([x for _, lp in greedy_b for x in lp], dtype=torch.float32)
+    error = ulps_from(lp_a, lp_b)
+    assert float(error.max()) <= max_ulps, f"log-probs {float(error.max()):.1f} ulps apart (bound {max_ulps})"
 
 
 def test_deltas_leave_the_server_bitwise_equal_to_a_full_copy(sglang_server, tiny_model_dir):
@@ -98,6 +113,6 @@ def test_deltas_leave_the_server_bitwise_equal_to_a_full_copy(sglang_server, tin
     for p in phases[1:4]:  # a delta carries a small share of the bytes of a full copy
         assert 0 < p.changed < 0.1 * p.elements and p.bytes_per_server < 0.25 * p.full_bytes
         assert p.server_apply_s > 0 and p.server_load_s > 0  # the loader reported its own phases
-    assert deltas[0] == deltas[1]  # every live parameter bit for bit, greedy tokens and log-probs
-    assert refusal[0] == refusal[1]
+    assert_same_server(*deltas)
+    assert_same_server(*refusal)
     assert deltas[1][0] != refusal[1][0]  # the step between them changed parameters: a real comparison

@@ -19,7 +19,9 @@ def test_command_defaults_and_overrides():
     assert "run.eval_every_steps=0" not in args.overrides
 
 
-@pytest.mark.parametrize("bad", [["run", "trainer.lr=1"], ["run", "algo.exact_delay=3"], ["pilot", "--arms", "decoupled"]])
+@pytest.mark.parametrize(
+    "bad", [["run", "trainer.lr=1"], ["run", "algo.exact_delay=3"], ["pilot", "--arms", "decoupled"]]
+)
 def test_the_varied_settings_are_refused_as_overrides(bad):
     with pytest.raises(SystemExit):
         parse_args(bad)
@@ -28,7 +30,12 @@ def test_the_varied_settings_are_refused_as_overrides(bad):
 def test_plan_is_seed_major_and_pairs_arms():
     args = parse_args(["pilot", "--seeds", "1,2", "--delays", "8"])
     cells = plan(args)
-    assert [(c["seed"], c["arm"]) for c in cells] == [(1, "naive"), (1, "decoupled"), (2, "naive"), (2, "decoupled")]
+    assert [(c["seed"], c["arm"]) for c in cells] == [
+        (1, "naive"),
+        (1, "decoupled"),
+        (2, "naive"),
+        (2, "decoupled"),
+    ]
     cmd = launch_cmd(args, cells[1])
     assert "algo.exact_delay=8" in cmd and "algo.max_staleness=8" in cmd and "algo.behav_weight_cap=5" in cmd
     assert f"run.name={run_name(cells[1])}" in cmd and "trainer.seed=1" in cmd

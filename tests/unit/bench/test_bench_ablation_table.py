@@ -46,7 +46,9 @@ def test_paired_differences_pair_by_seed_and_skip_unpaired_seeds():
     d = paired_differences(RUNS, "decoupled", "sampled_end")[(1e-3, 4, 8)]
     assert d["seeds"] == [1, 2, 3]
     assert d["diffs"] == pytest.approx([0.10, 0.05, -0.05])
-    assert d["mean"] == pytest.approx(0.10 / 3) and d["sd"] == pytest.approx(math.sqrt(0.035 / 6))  # squares 0.0667² + 0.0167² + 0.0833², / 2
+    assert d["mean"] == pytest.approx(0.10 / 3) and d["sd"] == pytest.approx(
+        math.sqrt(0.035 / 6)
+    )  # squares 0.0667² + 0.0167² + 0.0833², / 2
     lo, hi = d["ci95"]
     assert -0.05 <= lo <= d["mean"] <= hi <= 0.10  # a percentile interval of means of these values
 
@@ -74,7 +76,9 @@ def test_calibration_table_by_lr_and_delay():
     assert row["delays"]["0"]["sampled_gain"]["mean"] == pytest.approx((0.12 + 0.14) / 2)
     lines = calibration_markdown(table).splitlines()
     assert lines[0].startswith("| lr | minibatches | pre-clipped (cut) d=0 | pre-clipped (cut) d=8 |")
-    assert lines[2].startswith("| 0.001 | 4 | 0.010 ± 0.000 (0.005 ± 0.000) | 0.200 ± 0.000 (0.100 ± 0.000) |")
+    assert lines[2].startswith(
+        "| 0.001 | 4 | 0.010 ± 0.000 (0.005 ± 0.000) | 0.200 ± 0.000 (0.100 ± 0.000) |"
+    )
 
 
 def test_ablation_summary_and_markdown():
