@@ -10,12 +10,13 @@ to leave the running job gets a RUN_DIR/servers/<index>.drain marker; the contro
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from areal_jobs.atomic import write_atomic
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,9 @@ def servers_dir(run_dir: Path) -> Path:
 def register_server(run_dir: Path, index: int, host: str, port: int, pid: int = 0) -> None:
     folder = servers_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{index}.json.tmp"
-    tmp.write_text(json.dumps({"index": index, "host": host, "port": port, "pid": pid}))
-    os.replace(tmp, folder / f"{index}.json")
+    write_atomic(
+        folder / f"{index}.json", json.dumps({"index": index, "host": host, "port": port, "pid": pid})
+    )
 
 
 def unregister_server(run_dir: Path, index: int) -> None:
@@ -98,9 +99,10 @@ def wait_for_servers(run_dir: Path, count: int, timeout_s: float, poll_s: float 
 
 def register_controller(run_dir: Path, host: str, traj_port: int, ctrl_port: int) -> None:
     """RUN_DIR/controller.json: where trainers connect (local mode; SLURM passes it by env too)."""
-    tmp = Path(run_dir) / ".controller.json.tmp"
-    tmp.write_text(json.dumps({"host": host, "traj_port": traj_port, "ctrl_port": ctrl_port}))
-    os.replace(tmp, Path(run_dir) / "controller.json")
+    write_atomic(
+        Path(run_dir) / "controller.json",
+        json.dumps({"host": host, "traj_port": traj_port, "ctrl_port": ctrl_port}),
+    )
 
 
 def wait_for_controller(run_dir: Path, timeout_s: float, poll_s: float = 0.5) -> tuple[str, int, int]:

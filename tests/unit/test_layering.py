@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "areal_jobs.report",
             "areal_jobs.checkpoint",
             "areal_jobs.samples",
+            "areal_jobs.atomic",
         },
     ),
     ("transport", {"areal_jobs.transport"}),
@@ -41,6 +42,10 @@ LAYERS: list[tuple[str, set[str]]] = [
 # Imports inside one layer that are part of the design, each with its reason.
 SIDEWAYS = {
     ("areal_jobs.report", "areal_jobs.metrics"): "the end-of-run summary reads the metrics sink's rows",
+    (
+        "areal_jobs.checkpoint",
+        "areal_jobs.atomic",
+    ): "a checkpoint's meta.json and `latest` are replaced atomically",
 }
 
 
