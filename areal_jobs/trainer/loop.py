@@ -183,6 +183,7 @@ class TrainLoop:
             "episode/turns": float(np.mean([s.num_turns for s in samples])),
             "episode/tool_calls": float(np.mean([s.num_tool_calls for s in samples])),
             "batch/filtered_groups": float(len(batch.filtered_group_ids)),
+            "batch/unscored_samples": float(batch.unscored_samples),
             "batch/trained_sequences": float(len(batch.samples)),
         }
 
