@@ -62,6 +62,12 @@ class RewardModelConfig:
     base_port: int = 0  # server i listens on base_port + i; 0 = any free port
     gpu_memory_fraction: float = 0.0  # cluster mode: a GPU shared with another role
     extra_server_args: list[str] = field(default_factory=list)
+    # the planner (launch/planning/reward_plan.py): the model's shape where reward.model.path is not
+    # on the submitting machine (a named shape, as model.shape), and one server's measured scoring
+    # throughput in answers/s (`python -m bench --only reward_model` on the reward nodes' hardware);
+    # 0 = the planner cannot check that the reward servers keep up with the rollout, and says so
+    shape: str = ""
+    answers_per_s: float = 0.0
     # requests: answers go out in batches of at most batch_size per HTTP call (a discriminative
     # call scores the whole batch in one forward pass); each call has request_timeout_s, safe
     # calls are repeated with backoff until deadline_s (the answer's deadline, counted from its
@@ -129,5 +135,7 @@ class RewardModelConfig:
                 "logits); vLLM's /classify returns activated probabilities and is not wired: set "
                 "reward.model.engine=sglang (a generative judge runs on either engine)"
             )
+        if self.answers_per_s < 0:
+            raise ValueError("reward.model.answers_per_s must be >= 0 (0 = not measured: not checked)")
         if self.label < 0:
             raise ValueError("reward.model.label must be >= 0")
