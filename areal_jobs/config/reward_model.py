@@ -110,7 +110,9 @@ class RewardModelConfig:
         try:
             pattern = re.compile(self.verdict_regex)
         except re.error as exc:
-            raise ValueError(f"reward.model.verdict_regex={self.verdict_regex!r} is not a regex: {exc}") from None
+            raise ValueError(
+                f"reward.model.verdict_regex={self.verdict_regex!r} is not a regex: {exc}"
+            ) from None
         if self.kind is RewardModelKind.generative:
             if self.parser in (VerdictParser.score_regex, VerdictParser.answer_match) and pattern.groups != 1:
                 raise ValueError(
@@ -122,8 +124,10 @@ class RewardModelConfig:
                 raise ValueError("reward.model.score_max must be > 0 (the score is the number / score_max)")
             if self.parser is VerdictParser.yes_no and not (self.yes_words and self.no_words):
                 raise ValueError("reward.model.yes_words and reward.model.no_words must not be empty")
-            if not self.judge_template.startswith("@") and "{response}" not in self.judge_template and (
-                self.parser is not VerdictParser.answer_match
+            if (
+                not self.judge_template.startswith("@")
+                and "{response}" not in self.judge_template
+                and (self.parser is not VerdictParser.answer_match)
             ):
                 raise ValueError(
                     "reward.model.judge_template has no {response} field: the judge would never see the "

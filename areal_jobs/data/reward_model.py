@@ -86,7 +86,9 @@ def label(problem: arith_task.ArithProblem, answer: str) -> float:
 def rm_input(tokenizer, prompt: str, answer: str) -> list[int]:
     """What the reward model reads: the prompt's ids then the answer's, each encoded on its own
     (reward/model_scorer.py builds the same for reward.model.input=raw)."""
-    return tokenizer.encode(prompt, add_special_tokens=False) + tokenizer.encode(answer, add_special_tokens=False)
+    return tokenizer.encode(prompt, add_special_tokens=False) + tokenizer.encode(
+        answer, add_special_tokens=False
+    )
 
 
 def logits_of(model, rows: list[list[int]], batch: int = 64) -> list[float]:

@@ -12,7 +12,8 @@ the verifier alone would report it), with the mixed reward.
 
 Per-source metrics, cumulative counts so that a window is the difference of two rows
 (bench/rm_exploit.py plots them): reward/verifier_answers, reward/verifier_correct;
-reward/model_judged (both sources scored), reward/model_agreed (the model's call, score >=
+reward/model_judged (both sources scored; reward/model_judged_score_sum: their model scores),
+reward/model_agreed (the model's call, score >=
 reward.model.correct_threshold, equals the verifier's), reward/model_positive (the model calls it
 right), reward/model_exploited (the model calls it right, the verifier says wrong), and their
 rates.
@@ -38,7 +39,9 @@ class CombinedScorer:
         has_checker: Callable[[str], bool],
     ) -> None:
         if cfg.source is RewardSource.verifier:
-            raise ValueError("CombinedScorer is for reward.source=model|combined; the verifier alone is RewardService")
+            raise ValueError(
+                "CombinedScorer is for reward.source=model|combined; the verifier alone is RewardService"
+            )
         self.source = cfg.source
         self.verifier_weight = cfg.verifier_weight
         self.model_weight = cfg.model_weight
@@ -46,10 +49,15 @@ class CombinedScorer:
         self.model = model
         self.verifier = verifier
         self.has_checker = has_checker
-        self._c = dict.fromkeys(("verifier_answers", "verifier_correct", "judged", "agreed", "positive", "exploited"), 0)
+        self._c = dict.fromkeys(
+            ("verifier_answers", "verifier_correct", "judged", "agreed", "positive", "exploited"), 0
+        )
+        self._judged_score_sum = 0.0
 
     async def score_group(self, requests: Sequence[RewardRequest]) -> list[RewardResult]:
-        checkable = [i for i, r in enumerate(requests) if self.verifier is not None and self.has_checker(r.task)]
+        checkable = [
+            i for i, r in enumerate(requests) if self.verifier is not None and self.has_checker(r.task)
+        ]
         if self.source is RewardSource.combined and len(checkable) < len(requests):
             missing = sorted({r.task for i, r in enumerate(requests) if i not in set(checkable)})
             raise ValueError(
@@ -72,11 +80,19 @@ class CombinedScorer:
             else:
                 assert v is not None
                 reward = self.verifier_weight * v.reward + self.model_weight * m.reward
-                out.append(RewardResult(reward, v.status, f"verifier {v.reward:g} ({v.detail}); model {m.reward:.4g}"))
+                out.append(
+                    RewardResult(
+                        reward, v.status, f"verifier {v.reward:g} ({v.detail}); model {m.reward:.4g}"
+                    )
+                )
         return out
 
     def _count(self, m: RewardResult, v: RewardResult | None) -> None:
-        if v is None or v.status in (RewardStatus.timeout, RewardStatus.sandbox_error, RewardStatus.grader_error):
+        if v is None or v.status in (
+            RewardStatus.timeout,
+            RewardStatus.sandbox_error,
+            RewardStatus.grader_error,
+        ):
             return  # no verdict of the verifier to compare with
         right = v.reward >= 1.0
         self._c["verifier_answers"] += 1
@@ -85,6 +101,7 @@ class CombinedScorer:
             return
         says_right = m.reward >= self.threshold
         self._c["judged"] += 1
+        self._judged_score_sum += m.reward
         self._c["agreed"] += says_right == right
         self._c["positive"] += says_right
         self._c["exploited"] += says_right and not right
@@ -96,11 +113,14 @@ class CombinedScorer:
             {
                 "reward/verifier_answers": float(c["verifier_answers"]),
                 "reward/verifier_correct": float(c["verifier_correct"]),
-                "reward/verifier_accuracy": c["verifier_correct"] / c["verifier_answers"] if c["verifier_answers"] else 0.0,
+                "reward/verifier_accuracy": c["verifier_correct"] / c["verifier_answers"]
+                if c["verifier_answers"]
+                else 0.0,
                 "reward/model_judged": float(c["judged"]),
                 "reward/model_agreed": float(c["agreed"]),
                 "reward/model_positive": float(c["positive"]),
                 "reward/model_exploited": float(c["exploited"]),
+                "reward/model_judged_score_sum": self._judged_score_sum,
                 "reward/model_agreement": c["agreed"] / c["judged"] if c["judged"] else 0.0,
                 # of the answers the model calls right, the share the verifier says are wrong
                 "reward/model_exploit_rate": c["exploited"] / c["positive"] if c["positive"] else 0.0,

@@ -71,7 +71,9 @@ class ModelScorer:
             )
         self._in_flight: dict[str, int] = {}
         self._rids = itertools.count()
-        self._counts = {k: 0 for k in ("answers", "ok", "timeouts", "errors", "unparsed", "too_long", "calls")}
+        self._counts = {
+            k: 0 for k in ("answers", "ok", "timeouts", "errors", "unparsed", "too_long", "calls")
+        }
         self._score_sum = 0.0
         self._latency_sum_s = 0.0
         self._busy_s = 0.0  # wall time with at least one call out (the throughput's denominator)
@@ -110,14 +112,21 @@ class ModelScorer:
         if cfg.kind is RewardModelKind.discriminative:
             if cfg.input is RewardModelInput.chat:
                 ids = self._chat_encode(
-                    [{"role": "user", "content": request.prompt}, {"role": "assistant", "content": request.response}]
+                    [
+                        {"role": "user", "content": request.prompt},
+                        {"role": "assistant", "content": request.response},
+                    ]
                 )
             else:  # as the policy produced them: prompt, then answer, each tokenised on its own
                 ids = self._encode(request.prompt) + self._encode(request.response)
             room = self._max_input_tokens
         else:
             text = render(self._template, request.prompt, request.response, request.reference)
-            ids = self._chat_encode([{"role": "user", "content": text}]) if cfg.judge_chat else self._encode(text)
+            ids = (
+                self._chat_encode([{"role": "user", "content": text}])
+                if cfg.judge_chat
+                else self._encode(text)
+            )
             room = self._max_input_tokens - cfg.judge_max_new_tokens if self._max_input_tokens else 0
         if not ids:
             return None, "empty reward-model input"
@@ -130,14 +139,20 @@ class ModelScorer:
         try:
             logits = await self._call(lambda client: client.classify(batch))
         except TimeoutError:
-            return [self._failed("timeouts", f"no score within reward.model.deadline_s={self.cfg.deadline_s:g}")] * len(batch)
+            return [
+                self._failed("timeouts", f"no score within reward.model.deadline_s={self.cfg.deadline_s:g}")
+            ] * len(batch)
         except Exception as exc:  # noqa: BLE001  any failure of the remote call fails these rewards
             return [self._failed("errors", f"reward model call failed: {exc}")] * len(batch)
         per_answer_s = self._clock() - start
         results = []
         for row in logits:
             if self.cfg.label >= len(row):
-                results.append(self._failed("errors", f"the model has {len(row)} labels; reward.model.label={self.cfg.label}"))
+                results.append(
+                    self._failed(
+                        "errors", f"the model has {len(row)} labels; reward.model.label={self.cfg.label}"
+                    )
+                )
                 continue
             logit = row[self.cfg.label]
             score = 1.0 / (1.0 + math.exp(-logit)) if self.cfg.transform is ScoreTransform.sigmoid else logit
@@ -150,13 +165,17 @@ class ModelScorer:
         try:
             out = await self._call(lambda client: client.judge(rid, ids, self.cfg.judge_max_new_tokens))
         except TimeoutError:
-            return self._failed("timeouts", f"no verdict within reward.model.deadline_s={self.cfg.deadline_s:g}")
+            return self._failed(
+                "timeouts", f"no verdict within reward.model.deadline_s={self.cfg.deadline_s:g}"
+            )
         except Exception as exc:  # noqa: BLE001
             return self._failed("errors", f"judge call failed: {exc}")
         verdict = self._decode(out)
         score, why = self._reader.score(verdict, response)
         if score is None:
-            return self._failed("unparsed", f"{why} (reward.model.parser={self.cfg.parser.value}): {verdict[:80]!r}")
+            return self._failed(
+                "unparsed", f"{why} (reward.model.parser={self.cfg.parser.value}): {verdict[:80]!r}"
+            )
         return self._scored(score, self._clock() - start, why or f"verdict {verdict[:60]!r}")
 
     async def _call(self, send):

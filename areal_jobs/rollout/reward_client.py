@@ -54,7 +54,9 @@ def parse_classify(payload: object, rows: int) -> list[list[float]]:
 class ScoringClient:
     """One reward-model server. Implements api.ScoringClient."""
 
-    def __init__(self, engine: RolloutEngine, name: str, url: str, api_key: str, cfg: RewardModelConfig) -> None:
+    def __init__(
+        self, engine: RolloutEngine, name: str, url: str, api_key: str, cfg: RewardModelConfig
+    ) -> None:
         self.name = name
         self.engine = engine
         self.retry = scoring_retry(cfg)

@@ -62,7 +62,9 @@ def check_checkpoint(cfg: RewardModelConfig) -> None:
     """ValueError naming the fix when reward.model.path cannot be served as configured."""
     config_path = Path(cfg.path) / "config.json"
     if not config_path.exists():
-        raise ValueError(f"reward.model.path={cfg.path} has no config.json: point it at a Hugging Face model directory")
+        raise ValueError(
+            f"reward.model.path={cfg.path} has no config.json: point it at a Hugging Face model directory"
+        )
     archs = json.loads(config_path.read_text()).get("architectures") or []
     classifier = any(a.endswith(("ForSequenceClassification", "ForRewardModel")) for a in archs)
     if cfg.kind is RewardModelKind.discriminative and not classifier:
@@ -71,7 +73,9 @@ def check_checkpoint(cfg: RewardModelConfig) -> None:
             "reward.model.kind=generative serves it as a judge"
         )
     if cfg.kind is RewardModelKind.generative and classifier:
-        raise ValueError(f"reward.model.path={cfg.path} is a classifier ({archs}): set reward.model.kind=discriminative")
+        raise ValueError(
+            f"reward.model.path={cfg.path} is a classifier ({archs}): set reward.model.kind=discriminative"
+        )
     for arch in archs:
         head = BIASED_HEADS.get(arch)
         if head and f"{head}.bias" not in checkpoint_tensors(Path(cfg.path)):
@@ -119,10 +123,14 @@ def server_slices(cfg: JobConfig) -> tuple[RolloutConfig, ModelConfig]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", help="resolved run config (RUN_DIR/config.yaml)")
     parser.add_argument("--index", type=int, default=0, help="server index in 0..reward.model.num_servers-1")
-    parser.add_argument("--add-zero-bias", type=Path, help="write a copy of this classifier with a zero head bias")
+    parser.add_argument(
+        "--add-zero-bias", type=Path, help="write a copy of this classifier with a zero head bias"
+    )
     parser.add_argument("--out", type=Path, help="--add-zero-bias: the copy's directory")
     args = parser.parse_args(argv)
     if args.add_zero_bias:

@@ -48,10 +48,16 @@ class RewardPlan:
     def describe(self) -> str:
         lines = [f"reward-model servers: {plural(self.servers, 'server')}"]
         if self.kv is None:
-            lines.append("  memory not checked: reward.model.path has no config.json here; set reward.model.shape")
+            lines.append(
+                "  memory not checked: reward.model.path has no config.json here; set reward.model.shape"
+            )
         else:
-            lines.append("  " + self.kv.describe().replace("rollout KV cache", "reward-model KV cache").split("\n")[0])
-            lines.append(f"  one batch ({self.kv.concurrency} answers x {self.kv.longest_tokens:,} tokens) fits")
+            lines.append(
+                "  " + self.kv.describe().replace("rollout KV cache", "reward-model KV cache").split("\n")[0]
+            )
+            lines.append(
+                f"  one batch ({self.kv.concurrency} answers x {self.kv.longest_tokens:,} tokens) fits"
+            )
         if self.answers_per_s_per_server:
             lines.append(
                 f"  keep up: {self.servers} x {self.answers_per_s_per_server:g} answers/s (reward.model.answers_per_s) = {self.capacity_answers_per_s:,.0f}/s >= the rollout's ~{self.needed_answers_per_s:,.0f}/s"
@@ -80,7 +86,9 @@ def check_reward_servers(job: JobConfig, plan: AllocationPlan) -> RewardPlan | N
     rm_job = dataclasses.replace(
         job,
         model=dataclasses.replace(job.model, path=rm.path, shape=rm.shape),
-        rollout=dataclasses.replace(job.rollout, engine=rm.engine, tp_size=rm.tp_size, max_concurrent=rm.batch_size),
+        rollout=dataclasses.replace(
+            job.rollout, engine=rm.engine, tp_size=rm.tp_size, max_concurrent=rm.batch_size
+        ),
     )
     shape = resolve_shape(rm_job)
     kv = None

@@ -30,8 +30,15 @@ from launch.slurm.render import render_sbatch
 def rm_job(reward_nodes: int = 5, answers_per_s: float = 20.0, **cluster) -> JobConfig:
     """math_qwen2_1p5b_rm's shape: 64 H800 nodes, a 1.5B classifier on its own nodes."""
     return JobConfig(
-        cluster=ClusterConfig(kind=ClusterKind.slurm, nodes=64, gpus_per_node=8, reward_nodes=reward_nodes,
-                              workdir="/shared/job", python="python", **cluster),  # fmt: skip
+        cluster=ClusterConfig(
+            kind=ClusterKind.slurm,
+            nodes=64,
+            gpus_per_node=8,
+            reward_nodes=reward_nodes,
+            workdir="/shared/job",
+            python="python",
+            **cluster,
+        ),  # fmt: skip
         model=ModelConfig(path="/nowhere/policy", shape="qwen2_1p5b"),
         rollout=RolloutConfig(max_new_tokens=16384, max_concurrent=16384),
         trainer=TrainerConfig(backend=TrainerBackend.megatron),
@@ -67,7 +74,7 @@ def test_the_render_has_three_components_and_supervised_reward_servers():
     assert "# component: 2 = reward-model servers" in script
     assert "#SBATCH --nodes=5 --ntasks-per-node=8" in script
     assert "srun --het-group=2 --ntasks-per-node=8 --job-name=areal-reward-servers" in script
-    assert "areal_jobs.rollout.supervise --config \"$CONFIG\" --index \"$SLURM_PROCID\" --reward" in script
+    assert 'areal_jobs.rollout.supervise --config "$CONFIG" --index "$SLURM_PROCID" --reward' in script
     assert 'failed="reward-model servers"' in script  # all of them gone ends the job, as for rollout
 
 

@@ -66,7 +66,13 @@ def decode(ids: list[int]) -> str:
 
 
 def scorer(servers, max_input_tokens: int = 64, **cfg) -> ModelScorer:
-    return ModelScorer(RewardModelConfig(path="rm", **cfg), lambda: servers, encode, decode, max_input_tokens=max_input_tokens)
+    return ModelScorer(
+        RewardModelConfig(path="rm", **cfg),
+        lambda: servers,
+        encode,
+        decode,
+        max_input_tokens=max_input_tokens,
+    )
 
 
 def requests(*answers: str, prompt: str = "Q") -> list[RewardRequest]:
@@ -81,7 +87,9 @@ def test_discriminative_scores_in_batches_of_batch_size_with_the_sigmoid_of_the_
     # logit = len(prompt ids + answer ids): "Q" + answer
     assert [r.reward for r in results] == [pytest.approx(1 / (1 + math.exp(-n))) for n in (2, 3, 4)]
     assert all(r.status is RewardStatus.ok for r in results)
-    raw = asyncio.run(scorer([FakeServer("b")], transform=ScoreTransform.raw, label=1).score_group(requests("x")))
+    raw = asyncio.run(
+        scorer([FakeServer("b")], transform=ScoreTransform.raw, label=1).score_group(requests("x"))
+    )
     assert raw[0].reward == -1.0  # label 1 of the two logits, untransformed
 
 
@@ -99,7 +107,9 @@ def test_past_the_deadline_the_reward_fails_never_a_zero():
     (result,) = asyncio.run(s.score_group(requests("x")))
     assert result.status is RewardStatus.model_error and "deadline" in result.detail
     m = s.metrics()
-    assert m["reward/model_timeouts"] == 1.0 and m["reward/model_failed"] == 1.0 and m["reward/model_ok"] == 0.0
+    assert (
+        m["reward/model_timeouts"] == 1.0 and m["reward/model_failed"] == 1.0 and m["reward/model_ok"] == 0.0
+    )
 
 
 def test_servers_that_keep_failing_fail_the_reward_at_the_deadline():
@@ -151,7 +161,9 @@ def test_verdict_parsers():
     assert read(VerdictParser.yes_no, "No, it is not correct") == 0.0  # the first decisive word
     assert read(VerdictParser.yes_no, "maybe") is None
     answer = r"The answer is (-?\d+)\."
-    assert read(VerdictParser.answer_match, " 7; a: 7+3=0. The answer is 0.", "The answer is 0.", answer) == 1.0
+    assert (
+        read(VerdictParser.answer_match, " 7; a: 7+3=0. The answer is 0.", "The answer is 0.", answer) == 1.0
+    )
     assert read(VerdictParser.answer_match, "The answer is 0.", "The answer is 1.", answer) == 0.0
     assert read(VerdictParser.answer_match, "The answer is 0.", "no answer", answer) == 0.0
     assert read(VerdictParser.answer_match, "garbled", "The answer is 0.", answer) is None
@@ -175,7 +187,9 @@ class FixedScorer:
 
 
 def test_combined_weights_and_failed_model_rewards():
-    model = FixedScorer([RewardResult(0.8), RewardResult(0.0, RewardStatus.model_error, "down"), RewardResult(0.9)])
+    model = FixedScorer(
+        [RewardResult(0.8), RewardResult(0.0, RewardStatus.model_error, "down"), RewardResult(0.9)]
+    )
     verifier = FixedScorer([RewardResult(1.0), RewardResult(1.0), RewardResult(0.0)])
     cfg = RewardConfig(source=RewardSource.combined, verifier_weight=0.5, model_weight=2.0,
                        model=RewardModelConfig(path="rm"))  # fmt: skip
@@ -185,7 +199,11 @@ def test_combined_weights_and_failed_model_rewards():
     assert [r.status for r in out] == [RewardStatus.ok, RewardStatus.model_error, RewardStatus.ok]
     m = c.metrics()
     # judged by both: answers 1 and 3; the model calls both right, the verifier only the first
-    assert (m["reward/model_judged"], m["reward/model_agreed"], m["reward/model_exploited"]) == (2.0, 1.0, 1.0)
+    assert (m["reward/model_judged"], m["reward/model_agreed"], m["reward/model_exploited"]) == (
+        2.0,
+        1.0,
+        1.0,
+    )
     assert m["reward/model_exploit_rate"] == 0.5 and m["reward/verifier_accuracy"] == pytest.approx(2 / 3)
 
 
