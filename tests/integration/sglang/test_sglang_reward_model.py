@@ -139,7 +139,7 @@ class TestDiscriminative:
         ).eval()
         with torch.no_grad():
             ref = [
-                model(input_ids=torch.tensor([tok.encode(r.prompt) + tok.encode(r.response)]))
+                model(input_ids=torch.tensor([tok.encode(r.prompt, add_special_tokens=False) + tok.encode(r.response, add_special_tokens=False)]))
                 .logits[0, 0]
                 .item()
                 for r in requests
@@ -202,7 +202,7 @@ class TestJudge:
         policy = Qwen2ForCausalLM.from_pretrained(str(POLICY_DIR), dtype=torch.float32).eval()
         requests, expected = [], []
         for p in problems(4):
-            ids = torch.tensor([tok.encode(p.prompt)])
+            ids = torch.tensor([tok.encode(p.prompt, add_special_tokens=False)])
             with torch.no_grad():
                 out = policy.generate(
                     input_ids=ids, max_new_tokens=200, do_sample=False, pad_token_id=0, eos_token_id=0
