@@ -199,6 +199,13 @@ class WeightReceiver(Protocol):
         """Receive one bucket (broadcast by the sender at the same time) and load it in place."""
         ...
 
+    async def receive_encoded_bucket(
+        self, tensors: tuple[TensorSpec, ...], group_name: str, version: int
+    ) -> None:
+        """The same for an encoded bucket (WeightSender.encoded: a delta or a full copy through
+        weights/receiver.py inside the server, which applies it onto its copy and verifies it)."""
+        ...
+
     async def end_weight_update(self) -> None:
         """After the last bucket: the server generates with the new weights at the new version."""
         ...
@@ -257,6 +264,9 @@ class WeightSender:
     master_address: str  # the sender hosts the group's TCP store
     master_port: int
     buckets: tuple[BucketSpec, ...]
+    # weight_sync.sync=delta: every bucket goes through our receiver (header, payload, status;
+    # weights/receiver.py), not the engine's own bucket route
+    encoded: bool = False
 
 
 # ------------------------------------------------------------------------------------ trainer

@@ -6,12 +6,15 @@
 
 Sections (each a module with run(quick) -> dict[str, float] of flat `a/b` metrics):
 packing, controller (ceiling + ZeroMQ), weight_sync, pause (abort / in_place / drain),
-reward_overhead (rewards on vs off), reward_model (reward-model answers/s per server, batch 16 vs 1), e2e (async per pause mode vs sync vs colocated sync, 3 interleaved
+weight_delta (full copy vs delta by phase on bf16 SGLang and vLLM; bf16 values changed per step),
+reward_overhead (rewards on vs off), reward_model (reward-model answers/s per server, batch 16 vs 1),
+e2e (async per pause mode vs sync vs colocated sync, 3 interleaved
 rounds: medians and spreads, per-step breakdown, load), reward (rewards/s),
 sandbox (code rewards/s by sandbox mode: root netns vs unprivileged userns),
 trainer (torch vs Megatron tokens/s), trainer_memory (peak memory and tokens/s at 2k-32k tokens
-per micro-batch, before/after, beside the planner's memory model). The sections that need an SGLang server share one (2 threads),
-started once and stopped before the end-to-end runs start their own processes.
+per micro-batch, before/after, beside the planner's memory model), engine (SGLang vs vLLM).
+The sections that need an SGLang server share one (2 threads), started once and stopped before
+the end-to-end runs start their own processes.
 Writes bench/results.json (metrics, per-section wall time and load average, machine) and prints
 one markdown headline table plus a table per section. A failing section is reported, the others
 still run, and the exit code is 1.
@@ -35,18 +38,24 @@ from pathlib import Path
 from bench.report import markdown
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
+SHARED_SERVER_THREADS = 2  # engine_bench.SERVER_THREADS: its SGLang figures come from this server
 LOG_DIR = (
     Path(__file__).resolve().parents[1] / "runs" / "bench" / "logs"
 )  # server logs, kept for post-mortems
 
 # (name, module, shares the SGLang server), in running order: pure sections first, the end-to-end
-# runs after the shared server is gone, the long reward and trainer benches last
+# runs after the shared server is gone, the long reward and trainer benches last. The engine
+# comparison measures SGLang on the shared server (one start fewer), then starts vLLM.
 SECTIONS: list[tuple[str, str, bool]] = [
     ("packing", "bench.packing_bench", False),
     ("controller", "bench.controller_bench", False),
     ("weight_sync", "bench.weight_sync_bench", True),
     ("pause", "bench.pause_bench", True),
     ("reward_overhead", "bench.reward_overhead_bench", True),
+    ("engine", "bench.engine_bench", True),  # SGLang vs vLLM: vLLM started by the section itself
+    # full copy vs delta by phase on bf16 SGLang and vLLM servers (its own, one at a time), and
+    # the share of bf16 values changed per step (issue 35)
+    ("weight_delta", "bench.weight_delta_bench", False),
     ("e2e", "bench.e2e_bench", False),
     ("reward", "bench.reward_bench", False),
     # reward-model answers/s per server (reward.model.answers_per_s for the planner), batched vs not
@@ -55,7 +64,6 @@ SECTIONS: list[tuple[str, str, bool]] = [
     ("trainer", "bench.trainer_bench", False),
     # peak memory and tokens/s per micro-batch size, before/after, beside the memory model (issue 25)
     ("trainer_memory", "bench.trainer_memory_bench", False),
-    ("engine", "bench.engine_bench", False),  # SGLang vs vLLM: starts each engine itself, one at a time
 ]
 
 
@@ -67,7 +75,12 @@ def run_sections(names: list[str], quick: bool) -> dict:
     from bench.harness import bench_model, sglang_server
 
     results: dict = {"quick": quick, "sections": {}, "errors": {}, "timing_s": {}, "load_after": {}}
-    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "load_start": _load()}
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_start": _load(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+    }
     t_start = time.monotonic()
     chosen = [s for s in SECTIONS if s[0] in names]
     server_users = [name for name, _, shared in chosen if shared]
@@ -76,7 +89,7 @@ def run_sections(names: list[str], quick: bool) -> dict:
         server = None
         for name, module, shared in chosen:
             if shared and server is None:
-                server = stack.enter_context(sglang_server(bench_model(), 2, LOG_DIR))
+                server = stack.enter_context(sglang_server(bench_model(), SHARED_SERVER_THREADS, LOG_DIR))
             t0 = time.monotonic()
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             try:
@@ -123,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - {s[0] for s in SECTIONS}
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}")
+    if args.quick:
+        # the smoke runs beside other work (CI: the other test worker): 2-thread servers and
+        # trainers whose OpenMP threads spin-wait for a descheduled sibling generated 25-30
+        # tokens/s there instead of ~900 (pause section 97 s -> 33 s, a 2-thread server's start
+        # 97 s -> 37 s, load 5-10). Set before anything here loads torch; children inherit it.
+        # The full bench keeps the OpenMP default unless the caller sets it.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     results = run_sections(names, args.quick)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

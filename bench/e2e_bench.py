@@ -7,7 +7,7 @@ A bench that can decide: the modes run interleaved in rounds (round r starts at 
 drift in the machine's load hits every mode alike), 3 rounds of 12 steps each (the first 2 are
 warm-up: 30 measured steps per mode). Each ratio is computed within a round (async over the same
 round's sync) and reported as median, min, max and spread = (max - min) / median over the rounds;
-the load average is recorded before and after every run. Quick mode: 1 round of 5 steps (smoke).
+the load average is recorded before and after every run. Quick mode: 1 round of 5 steps, answers of at most 64 tokens (smoke).
 
 All runs use the bench model (the built-in tiny Qwen2, warm-started so answer lengths follow the
 task's long tail), the same batch (B groups x G answers), max_new_tokens and trainer settings,
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from areal_jobs.config import PauseMode, RolloutConfig
-from bench.e2e_runs import colocated_rows, launch_local, measured, step_breakdown
+from bench.e2e_runs import MAX_NEW_TOKENS, colocated_rows, launch_local, measured, step_breakdown
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ROOT = REPO / "runs" / "bench" / "e2e"  # run directories (metrics, logs) of the last bench
@@ -47,11 +47,15 @@ def _shape(quick: bool) -> dict:
     # cap_s bounds the colocated run (its measured steps are reported; it is the reference, not
     # a mode being decided): a 2-thread server on a 2-core machine that someone else is also
     # using slows down many-fold (each OpenMP region waits for the descheduled thread)
+    # quick (the CI smoke) answers in at most 64 tokens: generation is most of a step, and the
+    # colocated run's 2-thread server on a 2-core machine shared with the rest of the suite took
+    # 15 s per step at 256 (each OpenMP region waits for its descheduled thread)
     return {
         "steps": 5 if quick else 12,
         "rounds": 1 if quick else 3,
         "batch_size": 4 if quick else BATCH_SIZE,
         "group_size": GROUP_SIZE,
+        "max_new_tokens": 64 if quick else MAX_NEW_TOKENS,
         "cap_s": 150.0 if quick else 60.0,
     }
 
@@ -138,7 +142,11 @@ def run(quick: bool = False) -> dict[str, float]:
 def summarize(per_round: list[dict], loads: dict[str, list[float]], shape: dict) -> dict[str, float]:
     """Flat metrics: per mode the median over rounds of each breakdown figure and the number of
     measured steps; per ratio median/min/max/spread; the default mode under the headline keys."""
-    out: dict[str, float] = {"e2e/rounds": float(len(per_round)), "e2e/steps_per_run": float(shape["steps"])}
+    out: dict[str, float] = {
+        "e2e/rounds": float(len(per_round)),
+        "e2e/steps_per_run": float(shape["steps"]),
+        "e2e/max_new_tokens": float(shape["max_new_tokens"]),
+    }
     for mode in per_round[0]:
         for key in per_round[0][mode]:
             values = [runs[mode][key] for runs in per_round]

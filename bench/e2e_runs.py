@@ -25,7 +25,7 @@ from areal_jobs.config import AlgoConfig, DType, RewardConfig, RolloutConfig, Tr
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 2  # the first steps pay for compilation, cache warm-up and the first weight update
-MAX_NEW_TOKENS = 256
+MAX_NEW_TOKENS = 256  # the full bench's; shape["max_new_tokens"] is each run's
 
 
 def launch_local(
@@ -36,7 +36,7 @@ def launch_local(
         sys.executable, "-m", "launch.local",
         f"run.name={name}", f"run.root={run_root}", f"model.path={model_dir}",
         f"algo.max_staleness={eta}", f"algo.batch_size={shape['batch_size']}", f"algo.group_size={shape['group_size']}",
-        f"rollout.max_new_tokens={MAX_NEW_TOKENS}", f"trainer.total_steps={shape['steps']}",
+        f"rollout.max_new_tokens={shape['max_new_tokens']}", f"trainer.total_steps={shape['steps']}",
         "trainer.threads=1", "rollout.server_threads=1", "data.num_eval_prompts=0", "run.tensorboard=false", *extra,
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
@@ -127,7 +127,7 @@ async def colocated_rows(model_dir: Path, shape: dict, log_dir: Path) -> tuple[l
 
     threads = os.cpu_count() or 2
     algo = AlgoConfig(max_staleness=0, batch_size=shape["batch_size"], group_size=shape["group_size"])
-    rollout = RolloutConfig(max_new_tokens=MAX_NEW_TOKENS, server_threads=threads)
+    rollout = RolloutConfig(max_new_tokens=shape["max_new_tokens"], server_threads=threads)
     torch.set_num_threads(threads)
     backend = TorchBackend(TrainerConfig(threads=threads), algo, str(model_dir), DType.float32)
     backend.setup()

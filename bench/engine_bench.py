@@ -1,5 +1,7 @@
 """SGLang vs vLLM on this machine: generation tokens/s and weight-update seconds, same model (the
-bench model), same load, same run, one engine at a time (each started, measured, stopped).
+bench model), same load, same run, one engine at a time. Under `make bench` SGLang is the server the other
+sections share (same model, threads and token budget as one started here), then vLLM is started,
+measured and stopped; on its own the section starts and stops each engine.
 
 - generation: `num_requests` concurrent requests of the built-in task's prompts at temperature 1,
   `max_new_tokens` each, through the engine's client (api.RolloutEngineClient); tokens/s = every
@@ -31,7 +33,7 @@ from areal_jobs.config import DataConfig, ModelConfig, PauseMode, RolloutConfig,
 from areal_jobs.data.prompts import eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.engines import make_client
-from areal_jobs.rollout.server import start_server
+from areal_jobs.rollout.server import ServerProcess, start_server
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
 from areal_jobs.transport.discovery import free_port
@@ -40,6 +42,7 @@ from areal_jobs.weights.buckets import plan_buckets
 from bench.harness import bench_model, model_weights
 
 TIMEOUT_S = 300.0
+SERVER_THREADS = 2  # as the shared server of `make bench` (bench/__main__.py)
 
 
 async def generation_tokens_per_s(client, inputs: list[list[int]], max_new_tokens: int, tag: str) -> float:
@@ -96,13 +99,21 @@ async def update_seconds(client, weights: dict, updates: int) -> list[float]:
     return times
 
 
-def measure_engine(engine: RolloutEngine, model_dir: Path, log_dir: Path, quick: bool) -> dict[str, float]:
+def measure_engine(
+    engine: RolloutEngine, model_dir: Path, log_dir: Path, quick: bool, server: ServerProcess | None = None
+) -> dict[str, float]:
+    """One engine's figures, on `server` (already healthy, left running) or on one started here
+    (SERVER_THREADS threads, stopped at the end)."""
     num_requests, max_new, rounds, updates = (4, 32, 1, 2) if quick else (16, 128, 3, 5)
-    rollout = RolloutConfig(engine=engine, server_threads=2, max_total_tokens=65536, kv_cache_gib=1.0)
-    server = start_server(
-        str(model_dir), "127.0.0.1", free_port(), secrets.token_hex(8), rollout, ModelConfig(),
-        log_dir / f"{engine.value}.log",
-    )  # fmt: skip
+    own = server is None
+    if own:
+        rollout = RolloutConfig(
+            engine=engine, server_threads=SERVER_THREADS, max_total_tokens=65536, kv_cache_gib=1.0
+        )
+        server = start_server(
+            str(model_dir), "127.0.0.1", free_port(), secrets.token_hex(8), rollout, ModelConfig(),
+            log_dir / f"{engine.value}.log",
+        )  # fmt: skip
     tok = load_tokenizer(str(model_dir))
     inputs = [p.input_ids for p in eval_prompts(DataConfig(num_eval_prompts=num_requests), tok.encode)]
     weights = model_weights(model_dir)
@@ -124,17 +135,22 @@ def measure_engine(engine: RolloutEngine, model_dir: Path, log_dir: Path, quick:
         }
 
     try:
-        server.wait_healthy(timeout_s=600)
+        if own:
+            server.wait_healthy(timeout_s=600)
         return asyncio.run(body())
     finally:
-        server.stop()
+        if own:
+            server.stop()
 
 
-def run(quick: bool = False) -> dict[str, float]:
+def run(quick: bool = False, server: ServerProcess | None = None) -> dict[str, float]:
+    """`server`: the SGLang server `make bench` shares between sections (the bench model,
+    SERVER_THREADS threads, idle): measured as it is instead of starting a second one."""
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench_engine_") as tmp:
-        for engine in (RolloutEngine.sglang, RolloutEngine.vllm):  # one at a time: 2 cores
-            results.update(measure_engine(engine, bench_model(), Path(tmp), quick))
+        results.update(measure_engine(RolloutEngine.sglang, bench_model(), Path(tmp), quick, server))
+        # then vLLM, on its own server; the shared SGLang one, if any, sleeps meanwhile (--sleep-on-idle)
+        results.update(measure_engine(RolloutEngine.vllm, bench_model(), Path(tmp), quick))
     results["engine/vllm_over_sglang_gen"] = (
         results["engine/vllm_gen_tokens_per_s"] / results["engine/sglang_gen_tokens_per_s"]
     )

@@ -22,6 +22,28 @@ HEADLINE: list[tuple[str, str, str, str]] = [
     ("weight_sync", "weight_sync/gloo_s", "gloo broadcast of the payload: s", "{:.2f}"),
     ("weight_sync", "weight_sync/gloo_gb_per_s", "gloo broadcast: GB/s", "{:.2f}"),
     ("weight_sync", "weight_sync/memcpy_gb_per_s", "memcpy: GB/s", "{:.2f}"),
+    ("weight_delta", "weight_delta/sglang_full_update_s", "bf16 SGLang update, full copy: s", "{:.3f}"),
+    ("weight_delta", "weight_delta/sglang_delta_update_s", "bf16 SGLang update, delta: s", "{:.3f}"),
+    ("weight_delta", "weight_delta/vllm_full_update_s", "bf16 vLLM update, full copy: s", "{:.3f}"),
+    ("weight_delta", "weight_delta/vllm_delta_update_s", "bf16 vLLM update, delta: s", "{:.3f}"),
+    (
+        "weight_delta",
+        "weight_delta/builtin_changed_share_mean",
+        "bf16 values changed per step, bench model",
+        "{:.1%}",
+    ),
+    (
+        "weight_delta",
+        "weight_delta/smollm2_changed_share_mean",
+        "bf16 values changed per step, SmolLM2 @1e-6",
+        "{:.2%}",
+    ),
+    (
+        "weight_delta",
+        "weight_delta/smollm2_full_over_delta_bytes",
+        "full / delta bytes, SmolLM2 @1e-6",
+        "{:.1f}x",
+    ),
     ("packing", "packing/task_nonpad_share_packed", "non-padding share, packed (task)", "{:.1%}"),
     ("packing", "packing/task_nonpad_share_padded", "non-padding share if padded (task)", "{:.1%}"),
     (

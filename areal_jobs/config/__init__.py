@@ -33,13 +33,21 @@ from areal_jobs.config.reward_model import (
     ScoreTransform,
     VerdictParser,
 )
-from areal_jobs.config.rollout import PauseMode, RolloutConfig, RolloutEngine, WorkflowConfig
+from areal_jobs.config.rollout import (
+    PauseMode,
+    RolloutConfig,
+    RolloutEngine,
+    ServingDType,
+    WorkflowConfig,
+    serving_dtype,
+)
 from areal_jobs.config.trainer import (
     Attention,
     CheckpointConfig,
     DistBackend,
     LogprobKernel,
     Recompute,
+    SyncMode,
     TrainerBackend,
     TrainerConfig,
     WeightSync,
@@ -80,6 +88,8 @@ __all__ = [
     "RolloutEngine",
     "LoggingConfig",
     "RunConfig",
+    "ServingDType",
+    "SyncMode",
     "TOKEN_ENV",
     "WandbMode",
     "TrainerBackend",
@@ -94,6 +104,7 @@ __all__ = [
     "resolve_job_token",
     "save_job_config",
     "schema_keys",
+    "serving_dtype",
     "to_job_config",
     "unknown_keys",
 ]

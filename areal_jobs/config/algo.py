@@ -80,6 +80,10 @@ class AlgoConfig:
     """Staleness-bounded decoupled PPO (AReaL)."""
 
     max_staleness: int = 4  # eta: max policy versions between sampling a token and training on it
+    # d >= 0: every batch trains on samples exactly d versions old (from version d on; before, on
+    # version 0's: the ramp), for ablations whose x-axis must be the staleness the samples had.
+    # Needs max_staleness = d. -1 = off (samples are 0..max_staleness old, oldest first)
+    exact_delay: int = -1
     batch_size: int = 8  # B: prompt groups per training step
     group_size: int = 8  # G: sampled answers per prompt
     advantage: Advantage = Advantage.grpo
@@ -115,6 +119,13 @@ class AlgoConfig:
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
             raise ValueError("algo.max_staleness must be >= 0 (0 = synchronous)")
+        if self.exact_delay < -1:
+            raise ValueError("algo.exact_delay must be -1 (off) or a delay d >= 0 in versions")
+        if self.exact_delay >= 0 and self.max_staleness != self.exact_delay:
+            raise ValueError(
+                f"algo.exact_delay={self.exact_delay} admits exactly one batch per version, d ahead: "
+                f"set algo.max_staleness={self.exact_delay} too (it is {self.max_staleness})"
+            )
         if self.batch_size < 1:
             raise ValueError("algo.batch_size must be >= 1")
         if self.group_size < 2:

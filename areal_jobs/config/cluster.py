@@ -67,6 +67,10 @@ class ClusterConfig:
     master_port: int = 29500  # trainer torch.distributed MASTER_PORT on the first trainer node
     loopback: bool = False  # every fake node is this host (local_slurm tests): use 127.0.0.1
     requeue_signal_s: int = 300  # --signal=B:USR1@<s>: checkpoint and requeue before the limit
+    # how often the job script looks for lost nodes (squeue; a role that exits wakes it at once)
+    node_check_s: int = 10
+    # how often a satellite job (launch.scale +N) checks that its main job still runs
+    satellite_watch_s: int = 5
     nccl_env: dict[str, str] = field(default_factory=dict)  # NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...
     # online re-planning (launch/run/replanner.py): every N trained steps the measured speeds and answer
     # lengths go into `allocation_profile` and plan/* metrics are logged; 0 = off
@@ -96,6 +100,9 @@ class ClusterConfig:
             )
         if not 0 <= self.requeue_signal_s <= 65535:
             raise ValueError("cluster.requeue_signal_s must be in [0, 65535] (0 = no USR1 before the limit)")
+        for name in ("node_check_s", "satellite_watch_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"cluster.{name} must be >= 1 (seconds between two checks)")
         if not 0 < self.master_port < 65536:
             raise ValueError("cluster.master_port must be a TCP port in [1, 65535]")
         self._check_autoscale()

@@ -53,6 +53,16 @@ class WeightSync(enum.Enum):
     disk = "disk"  # safetensors checkpoint + /update_weights_from_disk
 
 
+class SyncMode(enum.Enum):
+    """What one distributed weight update carries (weight_sync.sync)."""
+
+    full = "full"  # every tensor, every update (SGLang's and vLLM's own bucket loads)
+    # only the elements whose bits changed since the version every server holds (positions and
+    # values, checksummed per bucket; a full copy every weight_sync.full_every versions and
+    # whenever a server does not hold that version): docs/weight-sync.md
+    delta = "delta"
+
+
 class DistBackend(enum.Enum):
     auto = "auto"  # nccl when CUDA is available, else gloo
     nccl = "nccl"
@@ -136,6 +146,20 @@ class WeightSyncConfig:
     bucket_bytes: int = 1 << 30  # weights are sent in flattened buckets of at most this size
     master_port: int = 0  # 0 = pick a free port (local); set in cluster mode
     step_timeout_s: float = 120.0  # each handshake step (pause, group init, bucket, resume)
+    sync: SyncMode = SyncMode.full  # full | delta (docs/weight-sync.md)
+    # delta: a full copy (the anchor every delta chain starts from) at every version divisible by this
+    full_every: int = 20
+
+    def __post_init__(self) -> None:
+        if self.full_every < 1:
+            raise ValueError(
+                "weight_sync.full_every must be >= 1 (a full copy every N versions; 1 = every update)"
+            )
+        if self.sync is SyncMode.delta and self.method is not WeightSync.distributed:
+            raise ValueError(
+                "weight_sync.sync=delta diffs what a broadcast carries: set weight_sync.method=distributed "
+                "(or weight_sync.sync=full with the disk fallback)"
+            )
 
 
 @dataclass

@@ -116,6 +116,40 @@ def is_fresh(oldest_version: int, trainer_version: int, max_staleness: int) -> b
     return trainer_version - oldest_version <= max_staleness
 
 
+def exact_delay_target(trainer_version: int, delay: int) -> int:
+    """algo.exact_delay = d: the policy version whose samples the trainer at `trainer_version`
+    trains: v - d, and version 0's during the first d versions (nothing older exists: the ramp,
+    staleness 0, 1, ..., d - 1)."""
+    return max(0, trainer_version - delay)
+
+
+def exact_delay_batch(
+    oldest_versions: list[int], trainer_version: int, delay: int, batch_size: int
+) -> list[int] | None:
+    """Indices of the groups (by their oldest token's version) the trainer takes under
+    algo.exact_delay = d, oldest first; None while fewer than B groups are old enough.
+
+    Why this is exactly d old (worked in docs/protocols.md, "Exact delay"): admission allows
+    (d + v + 1) * B groups in all by version v, and the trainer publishes v + 1 only once it holds
+    d * B untrained groups (`exact_delay_may_publish`), so every group admitted under version v
+    was generated, start to end, under version v (nothing is in flight at an update), and the
+    version-v batch is B groups. The trainer at v + d has trained (v + d) * B groups, all of the
+    (d + v) * B groups older than v among them: the B groups with oldest version <= v - which this
+    selects - are exactly version v's.
+    """
+    target = exact_delay_target(trainer_version, delay)
+    order = sorted(range(len(oldest_versions)), key=lambda i: (oldest_versions[i], i))
+    eligible = [i for i in order if oldest_versions[i] <= target]
+    return eligible[:batch_size] if len(eligible) >= batch_size else None
+
+
+def exact_delay_may_publish(untrained_groups: int, delay: int, batch_size: int) -> bool:
+    """algo.exact_delay = d: may the trainer publish its next version? Only once it holds the next
+    d batches (d * B untrained groups): then every group admitted under the current version has
+    been delivered, none is in flight, and no sample straddles the update."""
+    return untrained_groups >= delay * batch_size
+
+
 def may_push(
     deadline: int, version: int, unacked: int, in_flight_deadlines: Iterable[int], batch_size: int
 ) -> bool:

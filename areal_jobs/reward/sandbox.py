@@ -5,7 +5,10 @@ Contract of `run_program(files, stdin, limits) -> SandboxRun`:
   environment (PATH, HOME, TMPDIR, LANG only: no secrets, no proxy variables);
 - the program is `main.py` from `files`, run as `python -I -S main.py` (standard library only);
 - resource limits: CPU seconds, address space, processes, file size, open files (see SandboxLimits);
-- it never runs longer than `limits.wall_timeout_s`; afterwards the whole process group (and in
+- the program never runs longer than `limits.wall_timeout_s`, counted from its exec (the boot's
+  "R"), not from the sandbox's start: on a loaded machine the namespace and tmpfs setup alone can
+  take seconds (CI: an infinite loop was killed before its exec at a 3 s limit and reported as a
+  sandbox failure); the boot has its own bound, `_BOOT_TIMEOUT_S`. Afterwards the whole process group (and in
   the strong modes the whole PID namespace; in the weak mode as root every process of the
   worker's own sandbox uid) is SIGKILLed, so nothing it started survives the call;
 - stdout and stderr are read up to `limits.max_output_bytes` together; past that the program is
@@ -49,6 +52,9 @@ logger = logging.getLogger(__name__)
 _BOOT_SCRIPT = str(Path(__file__).with_name("sandbox_boot.py"))
 _PIPE_STDIN_MAX_BYTES = 60_000  # below the 64 KiB pipe buffer, so writing it never blocks
 _EXIT_GRACE_S = 0.2  # after the program exits, how long leftover children may keep the pipes open
+# How long the sandbox may take to exec the program (namespaces, tmpfs, uid drop): measured 0.1 s on
+# an idle machine; past this the run is a sandbox failure saying so, never the program's timeout
+_BOOT_TIMEOUT_S = 60.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -200,7 +206,7 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
         os.close(ready_w)
         os.close(stdin_file)
     try:
-        stdout, stderr, timed_out, capped = _collect(proc, limits)
+        stdout, stderr, timed_out, capped, report = _collect(proc, limits, ready_r)
     finally:
         _kill_group(proc)
         if boot_drops_uid and not namespaces and claimed_by_us(limits.uid):
@@ -209,9 +215,9 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
             kill_uid(limits.uid)
         os.set_blocking(ready_r, False)  # whoever held the write end is dead; never wait here
         try:
-            report = os.read(ready_r, 64)
+            report += os.read(ready_r, 64)
         except BlockingIOError:
-            report = b""
+            pass
         os.close(ready_r)
     # The boot script sends "R" just before exec and "X" if the exec failed; in namespace mode its
     # init then adds "W<wait status>" of the program.
@@ -223,6 +229,10 @@ def _run_in(workdir: str, files: dict[str, str], stdin: bytes, limits: SandboxLi
     timed_out = timed_out or returncode == -signal.SIGXCPU
     if not started:
         reason = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {returncode}"]
+        if timed_out:  # killed by the boot bound, not by the program's own wall clock
+            reason = [
+                f"the sandbox did not start the program within {_BOOT_TIMEOUT_S:g}s (an overloaded machine?)"
+            ]
         return SandboxRun(started=False, returncode=returncode, error=reason[0][:300])
     return SandboxRun(True, returncode, stdout, stderr, timed_out, capped)
 
@@ -242,17 +252,21 @@ def _stdin_source(data: bytes) -> int:
         return os.dup(f.fileno())
 
 
-def _collect(proc: subprocess.Popen, limits: SandboxLimits) -> tuple[bytes, bytes, bool, bool]:
-    """Read stdout/stderr until both close, the wall clock runs out, or the output cap is hit."""
+def _collect(
+    proc: subprocess.Popen, limits: SandboxLimits, ready_r: int
+) -> tuple[bytes, bytes, bool, bool, bytes]:
+    """Read stdout/stderr until both close, the wall clock runs out, or the output cap is hit; and
+    the boot's report from `ready_r`, whose "R" (the program's exec) starts the wall clock."""
     assert proc.stdout is not None and proc.stderr is not None
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    deadline = time.monotonic() + limits.wall_timeout_s
+    report = bytearray()
+    deadline = time.monotonic() + _BOOT_TIMEOUT_S
     exited_at: float | None = None
     timed_out = capped = False
     with selectors.DefaultSelector() as sel:
-        for fd in bufs:
+        for fd in (*bufs, ready_r):
             sel.register(fd, selectors.EVENT_READ)
-        while sel.get_map() and not capped:
+        while any(fd in sel.get_map() for fd in bufs) and not capped:
             now = time.monotonic()
             if exited_at is None and _exited(proc.pid):
                 exited_at = now
@@ -266,11 +280,22 @@ def _collect(proc: subprocess.Popen, limits: SandboxLimits) -> tuple[bytes, byte
                 if not chunk:
                     sel.unregister(key.fd)
                     continue
+                if key.fd == ready_r:
+                    if not report and chunk.startswith(b"R"):
+                        deadline = time.monotonic() + limits.wall_timeout_s  # the program runs
+                    report += chunk
+                    continue
                 bufs[key.fd] += chunk
                 if sum(len(b) for b in bufs.values()) > limits.max_output_bytes:
                     capped = True
                     break
-    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), timed_out, capped
+    return (
+        bytes(bufs[proc.stdout.fileno()]),
+        bytes(bufs[proc.stderr.fileno()]),
+        timed_out,
+        capped,
+        bytes(report),
+    )
 
 
 def _exited(pid: int) -> bool:

@@ -65,6 +65,7 @@ CONTROL_CALLS: tuple[ControlCall, ...] = (
     ControlCall("/destroy_weights_update_group", Repeat.safe, "tearing down a group that is gone is a no-op (best effort)"),
     ControlCall("/begin_weight_update", Repeat.wait, "opens the update session: a late copy after its end would leave one open", "already open"),
     ControlCall("/update_weights_from_distributed", Repeat.once, f"one bucket of the trainer's broadcast (a collective): {_UPDATE_AGAIN}"),
+    ControlCall("/update_weights_from_tensor", Repeat.once, f"weight_sync.sync=delta: one encoded bucket through our custom weight loader (collectives with the trainer): {_UPDATE_AGAIN}"),
     ControlCall("/end_weight_update", Repeat.wait, "closes the session: a late copy would close the next update's", "no weight-update session is open"),
     ControlCall("/update_weights_from_disk", Repeat.wait, "a late copy would load this version's files over a newer one", load=True),
     ControlCall("/load_lora_adapter", Repeat.once, "a second load under the same name is refused: the next update loads the adapter under a new name"),
@@ -85,6 +86,7 @@ CONTROL_CALLS: tuple[ControlCall, ...] = (
     ControlCall("/collective_rpc#areal_destroy_group", Repeat.safe, "vLLM: a group that is gone stays gone"),
     ControlCall("/collective_rpc#areal_begin_update", Repeat.wait, "vLLM: as /begin_weight_update", "while an update is open"),
     ControlCall("/collective_rpc#areal_receive_bucket", Repeat.once, f"vLLM: one bucket of the broadcast: {_UPDATE_AGAIN}"),
+    ControlCall("/collective_rpc#areal_receive_encoded", Repeat.once, f"vLLM: one encoded bucket (weight_sync.sync=delta): {_UPDATE_AGAIN}"),
     ControlCall("/collective_rpc#areal_end_update", Repeat.wait, "vLLM: as /end_weight_update (it also sets the version label)"),
     ControlCall("/collective_rpc#areal_load_from_disk", Repeat.wait, "vLLM: as /update_weights_from_disk", load=True),
 )  # fmt: skip

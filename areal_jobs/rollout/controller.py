@@ -201,7 +201,9 @@ class RolloutController:
             prompt_text = self.episode_services.text.decode_raw(prompt.input_ids)  # what a reward model reads
             results = await self.scorer.score_group(
                 [
-                    RewardRequest(prompt.reward_task, self.decode(s.output_ids), prompt.reference, prompt_text)
+                    RewardRequest(
+                        prompt.reward_task, self.decode(s.output_ids), prompt.reference, prompt_text
+                    )
                     for s in pending
                 ]
             )

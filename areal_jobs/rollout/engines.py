@@ -25,12 +25,14 @@ def make_client(
     call_timeout_s: float,
     retry: RetryPolicy | None = None,
     load_deadline_s: float = 0.0,
+    tp_size: int = 1,
 ) -> RolloutEngineClient:
     """`retry`: how safe control calls are repeated (None: each is tried once); weight loads from
-    files repeat until `load_deadline_s` instead of the policy's deadline when that is longer."""
+    files repeat until `load_deadline_s` instead of the policy's deadline when that is longer.
+    `tp_size`: the server's TP ranks (an SGLang encoded bucket carries one request per rank)."""
     return CLIENTS[engine](
         name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s,
-        retry=retry, load_deadline_s=load_deadline_s,
+        retry=retry, load_deadline_s=load_deadline_s, tp_size=tp_size,
     )  # fmt: skip
 
 

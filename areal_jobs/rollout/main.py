@@ -65,6 +65,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
             cfg.rollout.engine, f"{rec.index}", rec.url, token,
             generate_timeout_s=cfg.rollout.request_timeout_s, call_timeout_s=cfg.rollout.call_timeout_s,
             retry=retry, load_deadline_s=cfg.control.load_deadline_s,
+            tp_size=cfg.rollout.tp_size,
         )  # fmt: skip
 
     # each server's own process gives up sooner when its start makes no progress (server.py)

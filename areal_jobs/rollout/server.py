@@ -27,10 +27,12 @@ from pathlib import Path
 import psutil
 import requests
 
-from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config
+from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config, serving_dtype
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.lora_adapters import lora_server_args, lora_server_env
+from areal_jobs.rollout.sglang_delta import LOADER as SGLANG_DELTA_LOADER
 from areal_jobs.rollout.sglang_launch import KEY_ENV as SGLANG_KEY_ENV
+from areal_jobs.rollout.sglang_launch import START_METHOD_ENV as SGLANG_START_METHOD_ENV
 from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
 from areal_jobs.transport import discovery
 
@@ -73,6 +75,8 @@ def sglang_command(
         "--random-seed", str(seed),
         "--skip-server-warmup",
         "--log-level", "warning",
+        # weight_sync.sync=delta: encoded buckets arrive through our loader (rollout/sglang_delta.py)
+        "--custom-weight-loader", SGLANG_DELTA_LOADER,
     ]  # fmt: skip
     if cpu:
         cmd += [
@@ -92,17 +96,23 @@ def sglang_command(
     return cmd + list(rollout.extra_server_args)
 
 
-def sglang_env(api_key: str, cpu: bool, threads: int) -> dict[str, str]:
+def sglang_env(api_key: str, cpu: bool, threads: int, fork: bool = False) -> dict[str, str]:
+    """`fork` (rollout.sglang_cpu_fork, CPU only): SGLang's scheduler and detokenizer are forked
+    from the started server instead of spawned (sglang_launch.py: no second import of torch and
+    SGLang in each)."""
     env = dict(os.environ)
     # behaviour log-probs of the tempered distribution that sampled (SGLang's default, pinned so an
     # inherited setting cannot switch it to the untempered model's): what the trainer computes
     env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "false"
     env[SGLANG_KEY_ENV] = api_key
+    env.pop(SGLANG_START_METHOD_ENV, None)  # decided here, never inherited
     if cpu:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_STUBS_DIR), env.get("PYTHONPATH")]))
         env["OMP_NUM_THREADS"] = str(threads)
         env["MKL_NUM_THREADS"] = str(threads)
+        if fork:
+            env[SGLANG_START_METHOD_ENV] = "fork"
     return env
 
 
@@ -231,25 +241,27 @@ def start_server(
 ) -> ServerProcess:
     """Launch the rollout.engine server in its own process group, logging to `log_path`. Does not wait."""
     cpu = not cuda_available()
+    dtype = serving_dtype(rollout.dtype, model.dtype, gpu=not cpu)  # what the trainer sends (sender.py)
     if rollout.engine is RolloutEngine.vllm:
         python = vllm_python(rollout)
-        cmd = vllm_command(python, model_path, host, port, rollout, model.dtype, cpu, seed)
+        cmd = vllm_command(python, model_path, host, port, rollout, dtype, cpu, seed)
         env = vllm_env(api_key, cpu, rollout.server_threads)
     else:
-        cmd = sglang_command(model_path, host, port, rollout, model.dtype, cpu, seed)
-        env = sglang_env(api_key, cpu, rollout.server_threads)
+        cmd = sglang_command(model_path, host, port, rollout, dtype, cpu, seed)
+        env = sglang_env(api_key, cpu, rollout.server_threads, fork=cpu and rollout.sglang_cpu_fork)
     cmd += lora_server_args(rollout.engine, model.lora, cpu)  # model.lora.ship=adapter only
     env.update(lora_server_env(rollout.engine, model.lora))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     logger.info(
-        "%s server starting on %s:%d (pid %d, %s)",
+        "%s server starting on %s:%d (pid %d, %s, %s)",
         rollout.engine.value,
         host,
         port,
         proc.pid,
         "cpu" if cpu else "gpu",
+        dtype.value,
     )
     return ServerProcess(
         host=host, port=port, api_key=api_key, process=proc, engine=rollout.engine, log_path=log_path

@@ -33,6 +33,9 @@ class ServerSlot:
     draining: bool = False  # leaving the job: no new request; removed once none is in flight
     failures: int = 0
     completed: int = 0
+    # the version whose weights it holds from a completed update (-1: new, restarted, or its last
+    # update broke off); the sender sends a delta only onto a version every server holds
+    held_version: int = -1
 
 
 class ServerPool:
@@ -71,6 +74,7 @@ class ServerPool:
         """A restarted server (possibly at a new address) will get weights at the next update."""
         slot = self.slots[index]
         slot.client, slot.joining, slot.up, slot.in_flight = client, True, False, 0
+        slot.held_version = -1
 
     def admit(self, index: int, client: RolloutEngineClient) -> None:
         """A server added to the running job (launch.scale): like a restarted one, it takes work

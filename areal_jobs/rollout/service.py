@@ -79,6 +79,7 @@ class ControllerService:
         self.released: set[int] = set()  # servers answered with on_drained
         self.preempted = asyncio.Event()  # SIGUSR1/SIGTERM: finish the trainer's checkpoint, then exit
         self._outbox: list[m.ControlMessage] = []  # held until a trainer has said hello
+        self._early: list[m.ControlMessage] = []  # read while waiting for BroadcastDone: served next
         self._background: set[asyncio.Task] = set()
         self._known: dict[int, ServerRecord] = {}
         self.dump_samples = None  # list[SampleRecord] -> None: each evaluation's samples (main sets it)
@@ -134,8 +135,8 @@ class ControllerService:
                         "preempted and no checkpoint request came: exiting (last checkpoint stands)"
                     )
                     return 0
-            msg = await self.channel.recv_control(timeout_s=1.0)
-            if msg is None:
+            msg = self._early.pop(0) if self._early else await self.channel.recv_control(timeout_s=1.0)
+            if msg is None or isinstance(msg, m.BroadcastDone):  # a broken attempt's: already retried
                 continue
             if isinstance(msg, m.TrainerHello):
                 self.orch.forget_groups()  # a (re)started trainer holds no broadcast group
@@ -187,12 +188,17 @@ class ControllerService:
             init = bool(pool.up_slots) and broadcast and self.orch.needs_group_init(req.senders)
             generation = self.orch.next_generation() if init else self.orch.generation
             world = pool.group_world_size()
+            held = {s.held_version for s in pool.up_slots}
             await self._send(
                 m.Paused(
-                    version=req.version, world_size=world, init_group=init, group_generation=generation,
+                    version=req.version,
+                    world_size=world,
+                    init_group=init,
+                    group_generation=generation,
                     timeout_scale=self.orch.timeout_scale,
+                    servers_version=held.pop() if len(held) == 1 else -1,
                 )
-            )  # fmt: skip
+            )
             if not pool.up_slots:
                 logger.warning(
                     "no rollout server is up for version %d; restarted servers will ask for it", req.version
@@ -206,6 +212,8 @@ class ControllerService:
                     await self.orch.init_groups(req.senders, req.backend)
                     marks.append(("groups", time.monotonic()))
                 await self.orch.receive(req.version, req.senders)
+                if any(s.encoded for s in req.senders):
+                    await self._trainer_broadcast_done(req.version)
             marks.append(("receive", time.monotonic()))
             ctl.on_version(req.version)
             await self.orch.resume()
@@ -223,7 +231,17 @@ class ControllerService:
         self._update_started = None
         self.orch.timeout_scale = 1.0
         ctl.resume_sending()
-        await self._send(m.VersionPublished(version=req.version, update_s=time.monotonic() - t0))
+        stage_s = {name: t - prev for (_, prev), (name, t) in zip(marks, marks[1:])}
+        await self._send(
+            m.VersionPublished(
+                version=req.version,
+                update_s=time.monotonic() - t0,
+                pause_s=stage_s.get("pause", 0.0),
+                receive_s=stage_s.get("groups", 0.0) + stage_s.get("receive", 0.0),
+                resume_s=stage_s.get("resume", 0.0),
+                bucket_calls_s=self.orch.bucket_calls_s if broadcast else 0.0,
+            )
+        )
         logger.info(
             "version %d on the servers in %.3fs (%s)",
             req.version,
@@ -237,6 +255,34 @@ class ControllerService:
             and req.trained_group_ids
         ):
             self._spawn(self._eval("periodic"), f"eval-v{req.version}")
+
+    async def _trainer_broadcast_done(self, version: int) -> None:
+        """weight_sync.sync=delta: the servers hold `version` only once the trainer says every
+        collective of its encoded broadcast completed (m.BroadcastDone: SGLang's loader cannot fail
+        its own call when the group breaks under it). Its word missing or negative fails the stage,
+        which is then sent again like any slow stage."""
+        stage = f"the trainer's encoded broadcast of version {version}"
+        wait_s = self.orch.stage_timeout_s
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await self.channel.recv_control(timeout_s=left)
+            if msg is None:
+                break
+            if isinstance(msg, m.BroadcastDone) and msg.version == version:
+                if msg.ok:
+                    return
+                self._servers_hold_nothing()
+                raise StageError(
+                    stage, f"broke off on the trainer (timeout or connection closed): {msg.detail}"
+                )
+            self._early.append(msg)
+        self._servers_hold_nothing()
+        raise StageError(stage, f"timed out: no word from the trainer within {wait_s:.0f}s")
+
+    def _servers_hold_nothing(self) -> None:
+        """Their calls returned, but the broadcast may not have reached them whole: a full copy next."""
+        for slot in self.pool.up_slots:
+            slot.held_version = -1
 
     async def _retry_update(self, version: int, exc: StageError, members: list[int]) -> bool:
         """A server (of the update's `members`) that died inside the update leaves the pool, and

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, Health, TensorSpec
+from areal_jobs.rollout import sglang_delta
 from areal_jobs.rollout.engine_http import (
     EngineHTTP,
     ServerCallError,
@@ -67,8 +68,10 @@ class SGLangClient:
         call_timeout_s: float,
         retry: RetryPolicy | None = None,
         load_deadline_s: float = 0.0,
+        tp_size: int = 1,
     ):
         self.name = name
+        self.tp_size = tp_size  # one serialized payload per TP rank (update_weights_from_tensor)
         self.url = url.rstrip("/")
         self._http = EngineHTTP(
             name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s,
@@ -203,6 +206,23 @@ class SGLangClient:
         }
         result = await self._post("/update_weights_from_distributed", body, _timeout(timeout_s))
         require_success(self.name, "/update_weights_from_distributed", result)
+
+    async def receive_encoded_bucket(
+        self,
+        tensors: tuple[TensorSpec, ...],
+        group_name: str,
+        version: int,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """weight_sync.sync=delta: our custom weight loader receives, applies and verifies the
+        bucket inside the scheduler (sglang_delta.py); a refusal is settled with the sender there."""
+        body = sglang_delta.request_body(
+            [t.name for t in tensors], [t.dtype for t in tensors], [list(t.shape) for t in tensors],
+            group_name, version, self.tp_size,
+        )  # fmt: skip
+        result = await self._post("/update_weights_from_tensor", body, _timeout(timeout_s))
+        require_success(self.name, "/update_weights_from_tensor", result)
 
     async def end_weight_update(self) -> None:
         await self._post("/end_weight_update", {})

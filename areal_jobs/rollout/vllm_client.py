@@ -74,9 +74,11 @@ class VLLMClient:
         call_timeout_s: float,
         retry: RetryPolicy | None = None,
         load_deadline_s: float = 0.0,
+        tp_size: int = 1,
     ) -> None:
         self.name = name
         self.url = url.rstrip("/")
+        self.tp_size = tp_size  # every worker answers collective_rpc: nothing per rank to send
         self._http = EngineHTTP(
             name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s,
             retry=retry, load_deadline_s=load_deadline_s,
@@ -209,6 +211,26 @@ class VLLMClient:
     ) -> None:
         await self._rpc(
             "areal_receive_bucket",
+            timeout_s=timeout_s,
+            names=[t.name for t in tensors],
+            dtypes=[t.dtype for t in tensors],
+            shapes=[list(t.shape) for t in tensors],
+            group_name=group_name,
+        )
+        self._pending_version = version
+
+    async def receive_encoded_bucket(
+        self,
+        tensors: tuple[TensorSpec, ...],
+        group_name: str,
+        version: int,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """weight_sync.sync=delta: the worker extension receives, applies onto its copy, verifies
+        and loads the bucket (weights/receiver.py); a refusal is settled with the sender there."""
+        await self._rpc(
+            "areal_receive_encoded",
             timeout_s=timeout_s,
             names=[t.name for t in tensors],
             dtypes=[t.dtype for t in tensors],

@@ -2,7 +2,7 @@
 
 Runs inside the vLLM server's worker processes (`--worker-extension-cls
 areal_jobs.rollout.vllm_worker.BroadcastWeightReceiver`), so it imports only the standard library,
-torch and vLLM: the vLLM venv has nothing else of ours. vLLM mixes this class into its worker
+torch, vLLM and areal_jobs.weights' torch-only receiver: the vLLM venv has nothing else of ours. vLLM mixes this class into its worker
 class; the client calls the methods on every worker through `POST /collective_rpc` with one JSON
 string argument each (vLLM passes only strings through that route).
 
@@ -123,6 +123,32 @@ class BroadcastWeightReceiver:
             offset += size
         self.model_runner.get_model().load_weights(weights=weights)
         return int(flat.numel())
+
+    def areal_receive_encoded(self, payload: str) -> dict[str, float]:
+        """weight_sync.sync=delta: one encoded bucket (a delta or a full copy) from rank 0 of
+        `group_name`, applied onto this worker's copy and verified (weights/receiver.py), then
+        every tensor of the bucket loaded from that copy: the layer-wise reload processes a layer
+        only once all its tensors arrived. Returns the worker's own timings."""
+        from areal_jobs.weights.receiver import BaseCopy, parse_specs, receive_bucket
+
+        args = json.loads(payload)
+        state = self._areal_state()
+        if not state["loading"]:
+            raise RuntimeError("a bucket arrived outside begin_weight_update ... end_weight_update")
+        group = state["groups"].get(args["group_name"])
+        if group is None:
+            raise RuntimeError(f"no weight group {args['group_name']!r} on this worker: form it first")
+        copy = state.setdefault("copy", BaseCopy())
+        model = self.model_runner.get_model()
+        specs = parse_specs(args["names"], args["dtypes"], args["shapes"])
+        return receive_bucket(
+            copy,
+            group,
+            specs,
+            _receive_device(self),
+            lambda named: model.load_weights(weights=named),
+            load_all=True,
+        )
 
     def areal_load_from_disk(self, payload: str) -> None:
         """Disk fallback: every *.safetensors file of a Hugging Face directory, loaded the same

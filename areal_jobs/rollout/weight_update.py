@@ -90,6 +90,7 @@ class WeightUpdateOrchestrator:
         # a re-formed group gets a fresh name: torch refuses to register a name twice in a process
         self.generation = 0
         self._live_groups: list[str] = []
+        self.bucket_calls_s = 0.0  # the last receive: the slowest server's bucket calls, summed
 
     async def pause(self, in_flight: Callable[[], int]) -> None:
         """`in_flight` counts the controller's requests on the servers; it sends no new ones now."""
@@ -155,6 +156,8 @@ class WeightUpdateOrchestrator:
 
     async def receive(self, version: int, senders: tuple[WeightSender, ...]) -> None:
         """Every server receives every bucket, in the same global order (no cross-sender deadlock)."""
+        for slot in self.pool.up_slots:  # mixed until every bucket arrived (weights/staging.py)
+            slot.held_version = -1
         try:
             await self._receive_buckets(version, senders)
         except StageError:
@@ -171,6 +174,8 @@ class WeightUpdateOrchestrator:
         # every bucket has arrived: a server that dies from here on (seen: kill -9 during vLLM's
         # end-of-update RPC) only leaves the pool, to be restarted and rejoin with current weights
         await self._each_server("end weight update", lambda s: s.client.end_weight_update(), tolerate=True)
+        for slot in self.pool.up_slots:
+            slot.held_version = version
         if self.pause_mode is not PauseMode.in_place:
             # in_place keeps the paused requests' KV cache by design, and SGLang refuses to flush
             # while they are held (HTTP 400): cached prefixes from the old weights stay usable
@@ -178,24 +183,34 @@ class WeightUpdateOrchestrator:
 
     async def _receive_buckets(self, version: int, senders: tuple[WeightSender, ...]) -> None:
         await self._each_server("begin weight update", lambda s: s.client.begin_weight_update())
+        calls_s: dict[int, float] = {}
 
         async def pipeline(slot: ServerSlot) -> None:
             for sender in senders:
                 total = len(sender.buckets)
+                # an encoded bucket (weight_sync.sync=delta) goes to our receiver in the server
+                receive = (
+                    slot.client.receive_encoded_bucket
+                    if sender.encoded
+                    else slot.client.update_weights_from_distributed
+                )
                 for bucket in sender.buckets:
                     stage = f"weight broadcast bucket {bucket.index + 1}/{total} of sender {sender.group_name} to server {slot.index}"
+                    t0 = time.monotonic()
                     await run_stage(
                         stage,
-                        slot.client.update_weights_from_distributed(
+                        receive(
                             bucket.tensors, self.group_name(sender), version, timeout_s=self.stage_timeout_s
                         ),
                         self.stage_timeout_s,
                     )
+                    calls_s[slot.index] = calls_s.get(slot.index, 0.0) + time.monotonic() - t0
 
         # every pipeline ends before a failure is raised: when a server dies mid-broadcast, the
         # others' calls return (with an error) once the trainer drops the group, and only then is
         # it safe to re-form the groups without the dead one (service.py retries the update)
         results = await asyncio.gather(*(pipeline(s) for s in self.pool.up_slots), return_exceptions=True)
+        self.bucket_calls_s = max(calls_s.values(), default=0.0)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]

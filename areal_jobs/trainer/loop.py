@@ -6,6 +6,11 @@ Batches take the oldest groups first (by their oldest token), so long answers ad
 trained before they expire. A group whose oldest token is older than the staleness bound is
 returned to the controller at once and generated again: nothing stale is trained, nothing lost.
 Every trained sample id is appended to ledger.jsonl with its step and token versions.
+
+algo.exact_delay = d: the trainer at version v takes only groups sampled under version
+max(0, v - d) (data/staleness.exact_delay_batch), and publishes v + 1 only once it holds the next
+d batches (exact_delay_may_publish), so no request is in flight at an update and every sample
+has one version: realised staleness is exactly d from step d on (docs/protocols.md).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 from areal_jobs.api import TrainBackend
 from areal_jobs.config import AlgoConfig
 from areal_jobs.data.answer_lengths import LengthStats
+from areal_jobs.data.staleness import exact_delay_batch, exact_delay_may_publish, exact_delay_target
 from areal_jobs.metrics import MetricsSink
 from areal_jobs.trainer.batch import TrainBatch, assemble, split_fresh
 from areal_jobs.trainer.inbox import Inbox
@@ -60,6 +66,9 @@ class TrainLoop:
         self.max_staleness_seen = 0
         self.trained_tokens = 0
         self.expired_groups = 0
+        self.total_steps = (
+            0  # the run's last step (session sets it): exact delay's last publish waits for nothing
+        )
         self.preempt = threading.Event()  # set by the signal handler; checked between phases
         # (step, groups) -> None: samples.jsonl every run.samples_every_steps (session sets it)
         self.dump_samples: Callable[[int, list[m.TrajectoryGroup]], None] | None = None
@@ -80,6 +89,18 @@ class TrainLoop:
                 self.expired_groups += len(expired)
                 logger.info("%d groups expired at version %d; regenerating", len(expired), self.version)
                 self.inbox.send(m.GroupsExpired(tuple(g.group_id for g in expired)))
+            if self.algo.exact_delay >= 0:
+                picked = exact_delay_batch(
+                    [g.oldest_version for g in fresh], self.version, self.algo.exact_delay, b
+                )
+                if picked is not None:
+                    taken = set(picked)
+                    self.inbox.put_back([g for i, g in enumerate(fresh) if i not in taken])
+                    return [fresh[i] for i in picked]
+                self.inbox.put_back(fresh)
+                # fewer than B groups old enough, the rest newer: wait for another one to arrive
+                self.inbox.wait_groups(len(fresh) + 1, self.batch_wait_timeout_s, interrupt)
+                continue
             order = sorted(range(len(fresh)), key=lambda i: (fresh[i].oldest_version, i))
             if len(fresh) >= b:
                 chosen = set(order[:b])
@@ -94,6 +115,8 @@ class TrainLoop:
         batch = assemble(groups, self.version, self.algo, self.max_new_tokens)
         metrics = self.backend.train_step(batch)
         t_train = time.monotonic()
+        self._wait_for_next_batches()
+        t_gate = time.monotonic()
         self.version += 1
         metrics.update(self.publisher.publish(self.version, self.backend, tuple(batch.group_ids)))
         t_end = time.monotonic()
@@ -106,7 +129,8 @@ class TrainLoop:
             {
                 "time/wait_batch_s": t_batch - t0,
                 "time/step_train_s": t_train - t_batch,
-                "time/publish_s": t_end - t_train,
+                "time/publish_s": t_end - t_gate,
+                "time/exact_delay_wait_s": t_gate - t_train,
                 "time/step_s": t_end - t0,
                 "throughput/trained_tokens_per_s": batch.num_output_tokens / max(t_end - t0, 1e-9),
                 # prompt + output tokens per second of compute: the trainer's speed (re-planning)
@@ -121,6 +145,18 @@ class TrainLoop:
         self.sink.log(self.step, metrics)
         self.log_evals()
         return metrics
+
+    def _wait_for_next_batches(self) -> None:
+        """algo.exact_delay = d: before publishing the next version, hold the next d batches
+        (every group of the current version delivered, none in flight). Not before the last
+        step's publish (nothing is trained after it), nor for d = 0 (synchronous already).
+        Preemption waits for this (bounded by trainer.batch_wait_timeout_s): the step's weights
+        are trained but not yet published, not a state to checkpoint."""
+        d, b = self.algo.exact_delay, self.algo.batch_size
+        if d <= 0 or self.step + 1 >= self.total_steps > 0:
+            return
+        if not exact_delay_may_publish(len(self.inbox.groups), d, b):
+            self.inbox.wait_groups(d * b, self.batch_wait_timeout_s)
 
     def state_dict(self) -> dict:
         return {
@@ -162,13 +198,23 @@ class TrainLoop:
         self.trained_tokens += batch.num_output_tokens
         if lag.size:
             self.max_staleness_seen = max(self.max_staleness_seen, int(lag.max()))
+        exact = {}
+        if self.algo.exact_delay >= 0 and lag.size:
+            target = batch.version - exact_delay_target(batch.version, self.algo.exact_delay)
+            exact = {
+                "staleness/target": float(target),
+                "staleness/on_target_fraction": float((lag == target).mean()),
+            }
         return {
+            **exact,
             "reward/mean": float(rewards.mean()),
             "reward/accuracy": float((rewards >= 1.0).mean()),
             "reward/non_ok": float(sum(s.reward_status != "ok" for s in samples)),
             "staleness/min": float(lag.min()) if lag.size else 0.0,
             "staleness/mean": float(lag.mean()) if lag.size else 0.0,
             "staleness/max": float(lag.max()) if lag.size else 0.0,
+            "staleness/p50": float(np.percentile(lag, 50)) if lag.size else 0.0,
+            "staleness/p90": float(np.percentile(lag, 90)) if lag.size else 0.0,
             "gen/len_mean": float(lengths.mean()),
             "gen/len_max": float(lengths.max()),
             "gen/len_p50": float(np.percentile(lengths, 50)),
@@ -188,7 +234,8 @@ class TrainLoop:
             # wait's share of the group's time (single_turn; other workflows score inside gen_time_s)
             "timing/reward_wait_s": float(np.mean([g.reward_time_s for g in groups])),
             "timing/reward_wait_share": float(
-                sum(g.reward_time_s for g in groups) / max(sum(g.gen_time_s + g.reward_time_s for g in groups), 1e-9)
+                sum(g.reward_time_s for g in groups)
+                / max(sum(g.gen_time_s + g.reward_time_s for g in groups), 1e-9)
             ),
             "batch/trained_sequences": float(len(batch.samples)),
         }

@@ -27,10 +27,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from areal_jobs.config.algo import AlgoConfig, BehavWeightMode, ImportanceLevel, KLEstimator, LossAgg
-from areal_jobs.trainer.loss_stats import LossStats
+from areal_jobs.config.algo import (
+    AlgoConfig,
+    BehavWeightMode,
+    ImportanceLevel,
+    KLEstimator,
+    LossAgg,
+    ProxLogp,
+)
+from areal_jobs.trainer.loss_stats import LossStats, offpolicy_stats
 
-__all__ = ["LossStats", "kl_estimate", "loglinear_prox_logp", "ppo_loss", "token_weights"]
+__all__ = ["LossStats", "kl_estimate", "loglinear_prox_logp", "ppo_loss", "pre_step_logp", "token_weights"]
 
 # |p - b| beyond this is clamped before exp: verl's SAFETY_BOUND (rollout correction, its TIS and
 # MIS weights). Without it float32 exp overflows at ~88.7 and drop mode's inf * 0 is NaN.
@@ -129,6 +136,7 @@ def ppo_loss(
     *,
     entropy: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
+    pre_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Loss contribution of one micro-batch and its statistics (sums).
 
@@ -136,7 +144,10 @@ def ppo_loss(
     the micro-batch each token belongs to (0, 0, 1, 1, 1, ...); a sample never straddles
     micro-batches (the sequence ratio and seq_mask need all its tokens). entropy: the current
     policy's token entropy, reported, and with algo.entropy_coef > 0 a loss term (it must then
-    carry gradient). ref_logp: needed when algo.kl_coef > 0.
+    carry gradient). ref_logp: needed when algo.kl_coef > 0. pre_logp: the log-probs of the
+    policy as this optimiser step began (π_pre), where the backend has them without an extra
+    pass (`pre_step_logp`); only the offpolicy/* statistics read them (loss_stats.py), None = not
+    known for this micro-batch.
     """
     shape = logp.shape
     if not (
@@ -205,19 +216,34 @@ def ppo_loss(
 
     with torch.no_grad():
         counts = _per_seq(mask, seq_index, num_seqs)
-        stats = LossStats(
-            num_tokens=float(mask.sum()),
-            num_seqs=float((counts > 0).sum()),
-            clipped_tokens=float(((pg_clipped > pg_plain).to(dtype) * mask).sum()),
-            dual_clipped_tokens=float((dual * mask).sum()),
-            ratio_sum=float((ratio * mask).sum()),
-            behav_weight_sum=float((behav_weight * mask).sum()),
-            approx_kl_sum=float(((prox_logp - logp) * mask).sum()),
-            entropy_sum=float((entropy.detach().to(dtype) * mask).sum()) if entropy is not None else 0.0,
-            kl_ref_sum=float((kl * mask).sum()),
-            abs_diff_sum=float((log_w.abs() * mask).sum()),
-            k3_sum=float(((behav_weight - 1 - log_w) * mask).sum()),
-            affected_tokens=float(affected.sum()),
-            affected_seqs=float((_per_seq(affected, seq_index, num_seqs) > 0).sum()),
+        # one device-to-host copy for all the sums (a float() each would synchronise each time)
+        entropy_t = entropy.detach().to(dtype) if entropy is not None else torch.zeros_like(mask)
+        values = torch.stack(
+            [
+                mask.sum(), (counts > 0).to(dtype).sum(), ((pg_clipped > pg_plain).to(dtype) * mask).sum(),
+                (dual * mask).sum(), (ratio * mask).sum(), (behav_weight * mask).sum(),
+                ((prox_logp - logp) * mask).sum(), (entropy_t * mask).sum(), (kl * mask).sum(),
+                (log_w.abs() * mask).sum(), ((behav_weight - 1 - log_w) * mask).sum(), affected.sum(),
+                (_per_seq(affected, seq_index, num_seqs) > 0).to(dtype).sum(),
+            ]
+        ).double().cpu().tolist()  # fmt: skip
+        names = ("num_tokens", "num_seqs", "clipped_tokens", "dual_clipped_tokens", "ratio_sum",
+                 "behav_weight_sum", "approx_kl_sum", "entropy_sum", "kl_ref_sum", "abs_diff_sum",
+                 "k3_sum", "affected_tokens", "affected_seqs")  # fmt: skip
+        offpolicy = offpolicy_stats(
+            pre_logp, behav_logp, advantages, mask, algo.clip_eps, algo.clip_high, BEHAV_LOG_RATIO_BOUND
         )
+        stats = LossStats(**dict(zip(names, values, strict=True)), **offpolicy)
     return loss, stats
+
+
+def pre_step_logp(
+    algo: AlgoConfig, prox_logp: torch.Tensor, logp: torch.Tensor, first_minibatch: bool
+) -> torch.Tensor | None:
+    """π_pre for the offpolicy/* statistics, at no extra forward pass: the proximal log-probs when
+    they are the pre-step policy's (decoupled with prox_logp current or recompute); otherwise the
+    gradient pass's own log-probs on the first minibatch (its weights are the pre-step ones), and
+    None on later minibatches (naive PPO, loglinear: their π_pre would need a pass of its own)."""
+    if algo.decoupled and algo.prox_logp is not ProxLogp.loglinear:
+        return prox_logp
+    return logp.detach() if first_minibatch else None

@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 from areal_jobs.api import WeightSender
-from areal_jobs.config import JobConfig, LoraShip, load_job_config
+from areal_jobs.config import JobConfig, LoraShip, load_job_config, serving_dtype
 from areal_jobs.logs import setup_logging
 from areal_jobs.trainer import backends, gpu_memory, ranks, session
 from areal_jobs.trainer.loop import Preempted
 from areal_jobs.trainer.publisher import WeightPublisher, gather_senders
+from areal_jobs.weights.broadcast import gpu_available
 from areal_jobs.weights.sender import StageSender
 
 logger = logging.getLogger("areal_jobs.trainer.main")
@@ -44,7 +45,9 @@ def run(cfg: JobConfig, run_dir: Path, token: str) -> dict | None:
     channel = backends.join_ranks(cfg)
     backend = backends.build_backend(cfg)
     backend.setup()
-    stage = StageSender.create(cfg.weight_sync, backend, backends.pipeline_stage(cfg, channel.rank))
+    # the servers' dtype (rollout.dtype): every tensor is sent rounded to it, masters stay as they are
+    dtype = serving_dtype(cfg.rollout.dtype, cfg.model.dtype, gpu=gpu_available())
+    stage = StageSender.create(cfg.weight_sync, backend, backends.pipeline_stage(cfg, channel.rank), dtype)
     senders = gather_senders(channel, stage)
     if channel.rank > 0:
         ranks.follow(channel, backend, stage, preempt)

@@ -24,6 +24,7 @@ from areal_jobs.trainer.ranks import Publish, RankChannel
 from areal_jobs.transport import messages as m
 from areal_jobs.weights.broadcast import BroadcastTimeout, resolve_backend
 from areal_jobs.weights.buckets import bucket_bytes
+from areal_jobs.weights.phases import UpdatePhases
 from areal_jobs.weights.sender import StageSender
 
 # model.lora.ship=adapter: versions whose PEFT directory stays on disk. A vLLM server re-reads an
@@ -105,17 +106,26 @@ class WeightPublisher:
             )
             t_paused = time.monotonic()
             sent_bytes = 0.0
+            phases = UpdatePhases()
             if adapter_path:
                 sent_bytes = float(adapter_bytes(adapter_path))
             elif not disk_path and paused.world_size > 1:  # world 1: no server is up to receive anything
                 self.channel.send(Publish(paused))
+                encoded = any(s.encoded for s in self.senders)
                 try:
-                    self.local.send(paused)
+                    phases = self.local.send(paused)
+                    if encoded:  # the controller ends an encoded update only on this word
+                        self.inbox.send(m.BroadcastDone(version, True))
+                    # every stage's buckets (rank 0 only knows its own phases: stage 0's)
                     sent_bytes = float(sum(bucket_bytes(b) for s in self.senders for b in s.buckets))
+                    if len(self.senders) == 1:
+                        sent_bytes = phases.bytes_per_server
                 except BroadcastTimeout as exc:
                     # a server died (or hangs) mid-broadcast; the group is dropped, which releases
                     # the other servers. The controller decides: UpdateRetry, or UpdateFailed (raised)
                     logger.warning("broadcast of version %d broke off: %s", version, exc)
+                    if encoded:
+                        self.inbox.send(m.BroadcastDone(version, False, str(exc)[:500]))
             t_sent = time.monotonic()
             reply = self.inbox.wait_for(
                 (m.VersionPublished, m.UpdateRetry),
@@ -148,6 +158,15 @@ class WeightPublisher:
             self._prune_disk(self.adapter_dir, keep=version, keep_last=ADAPTER_DIRS_KEPT)
         t_end = time.monotonic()
         return {
+            **phases.metrics(),
+            # the controller's view: the pause generation sees (pause -> resume), its parts
+            "weights/gen_pause_s": published.update_s,
+            "weights/stop_s": published.pause_s,
+            "weights/receive_s": published.receive_s,
+            "weights/resume_s": published.resume_s,
+            "weights/server_calls_s": published.bucket_calls_s,  # bucket round trips (receive + load)
+            "weights/total_s": t_end - t0,
+            "weights/bytes_per_server": sent_bytes,  # every stage's buckets, or the adapters
             "weight_sync/total_s": t_end - t0,
             "weight_sync/pause_s": t_paused - t0,
             "weight_sync/broadcast_s": t_sent - t_paused,
@@ -174,6 +193,7 @@ def _sender_json(sender: WeightSender) -> dict:
         "master_address": sender.master_address,
         "master_port": sender.master_port,
         "buckets": [[[t.name, t.dtype, list(t.shape)] for t in b.tensors] for b in sender.buckets],
+        "encoded": sender.encoded,
     }
 
 
@@ -182,4 +202,6 @@ def _sender_from_json(row: dict) -> WeightSender:
         BucketSpec(i, tuple(TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in tensors))
         for i, tensors in enumerate(row["buckets"])
     )
-    return WeightSender(row["group_name"], row["master_address"], int(row["master_port"]), buckets)
+    return WeightSender(
+        row["group_name"], row["master_address"], int(row["master_port"]), buckets, bool(row.get("encoded"))
+    )

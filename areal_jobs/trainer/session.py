@@ -63,6 +63,7 @@ def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox
         cfg.rollout.max_new_tokens,
     )
     loop.preempt = preempt
+    loop.total_steps = cfg.trainer.total_steps
     every = cfg.run.samples_every_steps
     if every > 0:
         dump = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print)

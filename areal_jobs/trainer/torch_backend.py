@@ -45,7 +45,7 @@ from areal_jobs.trainer.attention import hf_attn_implementation, packed_forward_
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
 from areal_jobs.trainer.logprobs import head_logprobs, resolve_kernel
-from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, token_weights
+from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, pre_step_logp, token_weights
 from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
 
@@ -352,14 +352,16 @@ class TorchBackend:
                 elif k == 0 and from_gradient_pass:
                     for i, lp in zip(mb, logp):
                         prox[i] = lp.detach()
+                logp_mb, prox_mb = torch.cat(logp), torch.cat([prox[i] for i in mb])
                 loss, mb_stats = ppo_loss(
-                    torch.cat(logp),
-                    torch.cat([prox[i] for i in mb]),
+                    logp_mb,
+                    prox_mb,
                     torch.cat([behav[i] for i in mb]),
                     **loss_inputs([samples[i] for i in mb], [agg[i] for i in mb]),
                     algo=self.algo,
                     entropy=torch.cat(entropy),
                     ref_logp=torch.cat([ref[i] for i in mb]) if self.reference is not None else None,
+                    pre_logp=pre_step_logp(self.algo, prox_mb, logp_mb, first_minibatch=k == 0),
                 )
                 loss.backward()
                 total_loss += float(loss.detach())

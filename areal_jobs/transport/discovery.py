@@ -39,7 +39,9 @@ def servers_dir(run_dir: Path, folder: str = SERVERS) -> Path:
     return Path(run_dir) / folder
 
 
-def register_server(run_dir: Path, index: int, host: str, port: int, pid: int = 0, folder: str = SERVERS) -> None:
+def register_server(
+    run_dir: Path, index: int, host: str, port: int, pid: int = 0, folder: str = SERVERS
+) -> None:
     folder = servers_dir(run_dir, folder)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{index}.json.tmp"

@@ -129,6 +129,9 @@ class Paused:
     # every stage timeout of this attempt is weight_sync.step_timeout_s times this: 1, then 2, 4, ...
     # for each time the same version was sent again after a stage timed out with every server alive
     timeout_scale: float = 1.0
+    # the version every server of this update holds from a completed update; -1 when they differ
+    # or one is new, restarted or was in a broken update (weight_sync.sync=delta: only onto it)
+    servers_version: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,23 @@ class VersionPublished:
 
     version: int
     update_s: float  # pause -> resume wall time seen by the controller
+    pause_s: float = 0.0  # stopping generation (abort / pause calls)
+    receive_s: float = 0.0  # group formation + every bucket's calls + end of update, the slowest server
+    resume_s: float = 0.0
+    # per server, every bucket call's round trip (receive + load), the slowest server
+    bucket_calls_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastDone:
+    """Trainer -> controller, after the encoded buckets of `version` (weight_sync.sync=delta): did
+    every collective of its broadcast complete? SGLang's custom weight loader cannot fail its call
+    when the group breaks under it (an exception ends SGLang's scheduler), so the controller ends
+    an encoded update only on the trainer's word; `ok` False is a failed stage (sent again)."""
+
+    version: int
+    ok: bool
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +264,7 @@ CONTROL_MESSAGES = (
     GroupsExpired,
     Paused,
     VersionPublished,
+    BroadcastDone,
     UpdateFailed,
     UpdateRetry,
     RolloutStats,
@@ -261,6 +282,7 @@ ControlMessage = (
     | GroupsExpired
     | Paused
     | VersionPublished
+    | BroadcastDone
     | UpdateFailed
     | UpdateRetry
     | RolloutStats

@@ -10,6 +10,7 @@ NCCL on GPUs, gloo on CPU: nothing below depends on which.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from datetime import timedelta
@@ -24,6 +25,14 @@ logger = logging.getLogger(__name__)
 
 class BroadcastTimeout(RuntimeError):
     """A broadcast stage exceeded its timeout; the message names the stage."""
+
+
+def gpu_available() -> bool:
+    """True when this process can use an NVIDIA GPU; AREAL_JOBS_FORCE_CPU=1 says no (the rollout
+    servers then run their CPU path, and rollout.dtype=auto resolves to model.dtype everywhere)."""
+    if os.environ.get("AREAL_JOBS_FORCE_CPU") == "1":
+        return False
+    return torch.cuda.is_available()
 
 
 def resolve_backend(name: str) -> str:
@@ -113,10 +122,30 @@ class WeightBroadcastGroup:
                 )
             parts.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
         flat = torch.cat(parts)
+        self.broadcast(flat, stage)
+        return float(flat.numel())
+
+    def broadcast(self, tensor: torch.Tensor, stage: str) -> None:
+        """Rank 0 (this sender) -> every server rank, bounded by timeout_s (the group is dropped
+        by the caller on failure: see StageSender.send)."""
+        if self._group is None:
+            raise RuntimeError("init() the broadcast group before sending")
         if self.backend == "nccl":
-            flat = flat.cuda()
+            tensor = tensor.cuda()
         # group_src: the sender is rank 0 of this group whatever its rank in the trainer's own world
-        work = dist.broadcast(flat, group=self._group, group_src=0, async_op=True)
+        self._wait(dist.broadcast(tensor, group=self._group, group_src=0, async_op=True), stage)
+
+    def all_gather(self, row: torch.Tensor, stage: str) -> list[torch.Tensor]:
+        """One row from every rank of the group (the receivers' status after an encoded bucket)."""
+        if self._group is None:
+            raise RuntimeError("init() the broadcast group before sending")
+        if self.backend == "nccl":
+            row = row.cuda()
+        rows = [torch.empty_like(row) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(rows, row, group=self._group, async_op=True), stage)
+        return [r.cpu() for r in rows]
+
+    def _wait(self, work, stage: str) -> None:
         failure = None
         try:
             if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
@@ -129,7 +158,6 @@ class WeightBroadcastGroup:
             # the other receivers wait in the broadcast until their own timeout (measured: gloo)
             del work
             raise BroadcastTimeout(failure)
-        return float(flat.numel())
 
     def destroy(self) -> None:
         if self._group is not None:

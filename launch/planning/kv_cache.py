@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from areal_jobs.config import DType, JobConfig, RolloutEngine
+from areal_jobs.config import DType, JobConfig, RolloutEngine, serving_dtype
 from launch.planning.model_shape import ModelShape
 from launch.planning.sim.profile import LengthModel, load_profile
 
@@ -156,7 +156,8 @@ def kv_cache_plan(
 ) -> KvCachePlan:
     """The KV cache of one server of this job on `cluster.gpu_memory_gib` GPUs. `static_fraction`
     overrides the engine's default share (a colocated or shared GPU gets less)."""
-    rollout, dtype_bytes = job.rollout, _BYTES[job.model.dtype]
+    # planned servers run on GPUs: they hold rollout.dtype (auto: bf16), whatever the trainer's masters
+    rollout, dtype_bytes = job.rollout, _BYTES[serving_dtype(job.rollout.dtype, job.model.dtype, gpu=True)]
     tp, gpu = rollout.tp_size, job.cluster.gpu_memory_gib * GIB
     weights = shape.num_params() * dtype_bytes // tp
     if rollout.engine is RolloutEngine.sglang:

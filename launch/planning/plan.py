@@ -292,7 +292,11 @@ def plan_allocation(
     if reward_nodes:
         # the rest is split in whole nodes too: the reward servers make it a heterogeneous job
         cluster = dataclasses.replace(
-            cluster, nodes=cluster.nodes - reward_nodes, reward_nodes=0, reward_fraction=0.0, placement=Placement.nodes
+            cluster,
+            nodes=cluster.nodes - reward_nodes,
+            reward_nodes=0,
+            reward_fraction=0.0,
+            placement=Placement.nodes,
         )
     split = split_gpus(cluster, rollout.tp_size)
     tasks_per_node, first_tasks, tp, pp, dp = _trainer_layout(cluster, trainer, algo, split)

@@ -5,6 +5,7 @@ and against the staleness bound eta, from a profile in conf/sim/.
     python -m launch.simulate --profile trainer_heavy_7b algo.max_staleness=8
     python -m launch.simulate --gpus 64,128,256,512 --etas 0,1,2,4,8 --out runs/sim/paper
     python -m launch.simulate faults | replan ...   # failures and online re-planning (launch/planning/fault_report.py)
+    python -m launch.simulate weights               # update phases, full vs delta, 7B and 32B (weights_report.py)
 
 Writes <out>/simulate.png, simulate.md (the tables printed here) and simulate.json.
 The schedule drives the project's StalenessManager, split_fresh and balanced_microbatches
@@ -108,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         from launch.planning.fault_report import main as report_main
 
         return report_main(argv)
+    if argv and argv[0] == "weights":
+        from launch.planning.weights_report import main as weights_main
+
+        return weights_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m launch.simulate", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="paper_1p5b", help="conf/sim/<name>.yaml or a YAML path")
     parser.add_argument(

@@ -290,6 +290,7 @@ def render_sbatch(
         "weight_sync_port": str(plan.weight_sync_port),
         "server_ports": f"{plan.server_base_port}-{last_port}",
         "requeue_signal_s": str(job.cluster.requeue_signal_s),
+        "node_check_s": str(job.cluster.node_check_s),
         "nccl_exports": nccl_exports(job.cluster),
         "srun_container": srun_container(job.cluster),
         "placement": plan.placement.value,

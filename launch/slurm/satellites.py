@@ -46,7 +46,6 @@ logger = logging.getLogger("launch.scale")
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "sbatch" / "satellite.sbatch.tmpl"
 SATELLITES_FILE = "satellites.json"
-WATCH_INTERVAL_S = 5  # how often a satellite checks that its main job still runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +124,7 @@ def render_satellite(job: JobConfig, run_dir: Path, main_job: str, first_index: 
         "loopback": "1" if cluster.loopback else "0",
         "nccl_exports": nccl_exports(cluster),
         "srun_container": srun_container(cluster),
-        "watch_interval_s": str(WATCH_INTERVAL_S),
+        "watch_interval_s": str(cluster.satellite_watch_s),
         "umask": f"{job.run.umask:03o}",
     }
     return SbatchTemplate(TEMPLATE_PATH.read_text()).substitute(values), num_servers

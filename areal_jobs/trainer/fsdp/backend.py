@@ -50,7 +50,7 @@ from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.fsdp import state as fsdp_state
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
 from areal_jobs.trainer.logprobs import resolve_kernel
-from areal_jobs.trainer.loss import LossStats, ppo_loss
+from areal_jobs.trainer.loss import LossStats, ppo_loss, pre_step_logp
 from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.process_group import join_default_group
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
@@ -239,14 +239,17 @@ class FSDPBackend:
                     for i, lp in zip(mb, logp):
                         prox[i] = lp.detach().cpu()
                         gap += torch.tensor([float((prox[i] - behav[i]).abs().sum()), outputs[i]])
+                logp_mb = torch.cat(logp).cpu() if self.device is not None else torch.cat(logp)
+                prox_mb = torch.cat([prox[i] for i in mb])
                 loss, mb_stats = ppo_loss(
-                    torch.cat(logp).cpu() if self.device is not None else torch.cat(logp),
-                    torch.cat([prox[i] for i in mb]),
+                    logp_mb,
+                    prox_mb,
                     torch.cat([behav[i] for i in mb]),
                     **loss_inputs([samples[i] for i in mb], [agg[i] for i in mb]),
                     algo=self.algo,
                     entropy=torch.cat(entropy).cpu(),
                     ref_logp=torch.cat([ref[i] for i in mb]) if ref else None,
+                    pre_logp=pre_step_logp(self.algo, prox_mb, logp_mb, first_minibatch=k == 0),
                 )
                 (loss * self.world).backward()
                 total_loss += float(loss.detach())
@@ -273,16 +276,17 @@ class FSDPBackend:
     def _reduce(
         self, loss: float, stats: LossStats, gap: torch.Tensor, num_micro: int
     ) -> tuple[float, LossStats, torch.Tensor, int]:
-        """Sums over the DP ranks (each rank saw only its share of the tokens)."""
-        keys = list(vars(stats))
-        row = torch.tensor(
-            [loss, *(getattr(stats, k) for k in keys), *gap.tolist(), num_micro], dtype=torch.float64
+        """Sums over the DP ranks (each rank saw only its share of the tokens); the maxima by max."""
+        sums = stats.sums()
+        row = torch.cat(
+            [torch.tensor([loss, *gap.tolist(), num_micro], dtype=torch.float64), torch.from_numpy(sums)]
         )
+        maxes = torch.from_numpy(stats.maxes())
         if self.world > 1:
             dist.all_reduce(row)
-        total = LossStats(**{k: float(v) for k, v in zip(keys, row[1 : 1 + len(keys)])})
-        tail = row[1 + len(keys) :]
-        return float(row[0]), total, tail[:2], int(tail[2])
+            dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        total = LossStats.from_reduced(row[4:].numpy(), maxes.numpy())
+        return float(row[0]), total, row[1:3], int(row[3])
 
     # ------------------------------------------------------------------ weights
 

@@ -61,7 +61,7 @@ from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, megatron_decoder_layers
 from areal_jobs.trainer.logprobs import resolve_kernel
-from areal_jobs.trainer.loss import LossStats, ppo_loss
+from areal_jobs.trainer.loss import LossStats, ppo_loss, pre_step_logp
 from areal_jobs.trainer.megatron import model as megatron_model
 from areal_jobs.trainer.megatron import weights as megatron_weights
 from areal_jobs.trainer.megatron.convert import ModelDims, ParamMap, param_maps
@@ -234,6 +234,8 @@ class MegatronBackend:
                 ]
             )
 
+        for mb in steps[0]:
+            mb.first_minibatch = True
         # prox_logp=current leaves the first minibatch's mb.prox_logp None: _ppo_loss takes the
         # gradient pass's own log-probs, which run the pre-step weights
         from_gradient_pass = prox_from_gradient_pass(self._algo, minibatches)
@@ -360,6 +362,7 @@ class MegatronBackend:
 
     def _ppo_loss(self, mb: MicroBatch, hidden: torch.Tensor):
         logp, entropy = self._head.logprobs(hidden, mb, entropy_grad=self._algo.entropy_coef > 0)
+        first_minibatch = mb.prox_logp is None or mb.first_minibatch
         if mb.prox_logp is None:  # prox_logp=current: these are the pre-step weights' log-probs
             mb.prox_logp = logp.detach()
         loss, stats = ppo_loss(
@@ -372,6 +375,7 @@ class MegatronBackend:
             self._algo,
             entropy=entropy,
             ref_logp=mb.ref_logp,
+            pre_logp=pre_step_logp(self._algo, mb.prox_logp, logp, first_minibatch),
         )
         # (loss, token count, report): with calculate_per_token_loss Megatron leaves loss unscaled
         return (
@@ -389,11 +393,12 @@ class MegatronBackend:
                 stats.add(out["stats"])
                 loss += float(out["loss"])
                 prox_gap += float((mb.prox_logp - mb.behav_logp).abs().sum())
-        keys = list(vars(stats))
-        values = [loss, prox_gap, *(getattr(stats, k) for k in keys)]
+        values = np.concatenate([[loss, prox_gap], stats.sums()])
         totals = torch.tensor(values, dtype=torch.float64, device=self._device)
+        maxes = torch.tensor(stats.maxes(), dtype=torch.float64, device=self._device)
         dist.all_reduce(totals)
-        summed = LossStats(**dict(zip(keys, totals[2:].tolist(), strict=True)))
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)  # |log w| is >= 0: idle ranks' zeros do not win
+        summed = LossStats.from_reduced(totals[2:].cpu().numpy(), maxes.cpu().numpy())
         return {
             "train/loss": float(totals[0]),
             "train/prox_behav_abs_diff": float(totals[1]) / self._num_global_tokens,

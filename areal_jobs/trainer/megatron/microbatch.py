@@ -35,6 +35,7 @@ class MicroBatch:
     packed_seq_params: PackedSeqParams | None  # THD (varlen attention, TE or ours)
     prox_logp: torch.Tensor | None = None  # float32 [n]: before the gradient pass, or in it (current)
     ref_logp: torch.Tensor | None = None  # float32 [n]: the reference model's (algo.kl_coef > 0)
+    first_minibatch: bool = False  # its gradient pass runs the pre-step weights (offpolicy/* stats)
 
     @property
     def num_tokens(self) -> int:

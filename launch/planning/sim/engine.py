@@ -8,8 +8,9 @@ Asynchronous (`run_async`), event by event, as the controller and trainer behave
              groups back (`on_expired`, regenerated from the same prompt) and the trainer takes the
              B fresh groups with the oldest tokens first, as TrainLoop.take_groups does.
   training   DP shares from `balanced_microbatches` (as the Megatron backend's plan): the step
-             lasts as long as the most loaded trainer GPU, then `weight_sync_s` during which every
-             server is paused; then version += 1 and admission resumes.
+             lasts as long as the most loaded trainer GPU, then the weight update (`sync_s`: the
+             constant trainer.weight_sync_s, or the phase model of weights.*, full or delta)
+             during which every server is paused; then version += 1 and admission resumes.
 Synchronous (`run_sync`) is an explicit barrier loop: admit B groups, generate all, train, sync.
 With eta = 0 the asynchronous schedule must reproduce it (a unit test checks this).
 Colocated synchronous runs the same barrier loop with every GPU generating, then every GPU training.
@@ -155,7 +156,7 @@ def run_async(p: SimProfile, rollout_fraction: float | None = None) -> SimResult
     t, version, next_index, next_key, expired = 0.0, 0, 0, 0, 0
     trainer_until, syncing, wait_since = math.inf, False, 0.0
     batch: list[SimGroup] = []
-    t_train = 0.0
+    t_train = t_sync = 0.0
 
     def admit() -> None:
         nonlocal next_index, next_key
@@ -203,13 +204,14 @@ def run_async(p: SimProfile, rollout_fraction: float | None = None) -> SimResult
             if not syncing:  # training done: pause every server and broadcast
                 syncing = True
                 farm.pause(t)
-                trainer_until = t + p.trainer.weight_sync_s
+                t_sync = p.sync_s(version + 1)
+                trainer_until = t + t_sync
             else:  # weights loaded: publish the new version and resume
                 syncing, trainer_until = False, math.inf
                 version += 1
                 farm.resume(t)
-                gen_s = t - wait_since - t_train - p.trainer.weight_sync_s
-                meter.step(t, farm, batch, version - 1, gen_s, t_train + p.trainer.weight_sync_s)
+                gen_s = t - wait_since - t_train - t_sync
+                meter.step(t, farm, batch, version - 1, gen_s, t_train + t_sync)
                 wait_since = t
             continue
         for seq in farm.pop_finished(t):
@@ -251,8 +253,8 @@ def run_sync(p: SimProfile, rollout_fraction: float | None = None, colocated: bo
                 if group.remaining == 0 and pending:  # a slot freed: the next group starts
                     _submit_group(farm, t, pending.pop(), G)
         gen_s = t - t_start
-        train_s = (
-            train_time_s(batch, p.lengths.prompt_tokens, trainer_gpus, p.trainer) + p.trainer.weight_sync_s
+        train_s = train_time_s(batch, p.lengths.prompt_tokens, trainer_gpus, p.trainer) + p.sync_s(
+            version + 1
         )
         t += train_s
         version += 1

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launch.planning.sim.weight_update import WeightUpdateModel
+
 PROFILE_DIR = Path(__file__).resolve().parents[3] / "conf" / "sim"
 
 
@@ -152,10 +154,25 @@ class SimProfile:
     lengths: LengthModel = field(default_factory=LengthModel)
     algo: AlgoShape = field(default_factory=AlgoShape)
     run: SimControl = field(default_factory=SimControl)
+    # the update's phases from the model size and links (weights.params_b > 0); else the constant
+    # trainer.weight_sync_s
+    weights: WeightUpdateModel = field(default_factory=WeightUpdateModel)
 
     def __post_init__(self) -> None:
-        for part in (self.cluster, self.rollout, self.trainer, self.lengths, self.algo, self.run):
+        for part in (
+            self.cluster,
+            self.rollout,
+            self.trainer,
+            self.lengths,
+            self.algo,
+            self.run,
+            self.weights,
+        ):
             part.check()
+
+    def sync_s(self, version: int) -> float:
+        """Seconds the servers stay paused to take `version` (a full copy or a delta)."""
+        return self.weights.update_s(version) if self.weights.enabled else self.trainer.weight_sync_s
 
     def split(self, rollout_fraction: float | None = None) -> tuple[int, int]:
         """(rollout GPUs, trainer GPUs), nodes rounded down as launch.planning.plan.split_nodes does."""

@@ -35,6 +35,13 @@ EXPECTED = {
     ],
     "reward_overhead": ["reward_overhead/on_over_off"],
     "weight_sync": ["weight_sync/tiny_gb_per_s", "weight_sync/gloo_gb_per_s", "weight_sync/memcpy_gb_per_s"],
+    "weight_delta": [
+        "weight_delta/sglang_full_update_s",
+        "weight_delta/sglang_delta_update_s",
+        "weight_delta/vllm_delta_server_apply_s",
+        "weight_delta/builtin_changed_share_mean",
+        "weight_delta/builtin_full_over_delta_bytes",
+    ],
     "packing": [
         "packing/task_nonpad_share_packed",
         "packing/paper_imbalance_balanced",

@@ -77,7 +77,7 @@ BASELINE = {
 TEMPERATURE = {"temperature_0p7": 0.7}
 # prox_logp=loglinear: torch only (LIMITED_VALUES)
 REFUSED = {"prox_logp": "loglinear"}
-NOT_OBJECTIVE = {"max_staleness", "batch_size", "group_size", "max_discarded_groups"}
+NOT_OBJECTIVE = {"max_staleness", "exact_delay", "batch_size", "group_size", "max_discarded_groups"}
 
 # How the step is computed, not what it computes: trainer.* settings (on the default objective)
 # whose step must equal the torch backend's default one (trainer.recompute=none,

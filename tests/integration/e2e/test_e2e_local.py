@@ -240,3 +240,36 @@ def test_eta_zero_is_synchronous_and_a_preempted_run_resumes_the_same_prompt_seq
     released = controller_log.count("the servers released their GPU memory")
     assert released >= 2, controller_log[-3000:]  # a CPU step may be quicker than a poll: not each one
     assert controller_log.count("the servers took their GPU memory back") >= released - 2
+
+
+def test_exact_delay_trains_every_batch_exactly_d_versions_old_across_a_resume(tmp_path, tiny_model_dir):
+    """algo.exact_delay=2: batch v trains samples of version max(0, v - 2), every token of a batch
+    one version (no request in flight at an update: none interrupted or straddled), before and
+    after a preemption and resume (the untrained groups come back from the controller's snapshot,
+    the partial ones continue under the same version)."""
+    steps = 10
+    args = ("algo.exact_delay=2", "algo.max_staleness=2", f"trainer.total_steps={steps}",
+            "checkpoint.every_steps=0", "data.num_eval_prompts=2")  # fmt: skip
+    proc = start_local(tmp_path, tiny_model_dir, "exact", *args)
+    wait_for_steps(tmp_path / "exact", 3, proc)
+    os.kill(json.loads((tmp_path / "exact" / "pids.json").read_text())["trainer"], signal.SIGUSR1)
+    assert proc.wait(timeout=600) == 3, proc.stdout.read()
+    run_dir = run_local(tmp_path, tiny_model_dir, "exact", *args)
+    assert "resumed from checkpoint at step" in (run_dir / "logs" / "trainer.log").read_text()
+    rows = ledger(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    for r in rows:
+        target = min(r["trained_at_version"], 2)
+        assert r["trained_at_version"] - r["oldest_version"] == r["max_staleness"] == target, r
+    trained = [r for r in read_metrics(run_dir) if "staleness/target" in r]
+    assert [r["step"] for r in trained] == list(range(1, steps + 1))
+    for r in trained:
+        assert r["staleness/min"] == r["staleness/max"] == r["staleness/target"] == min(r["step"] - 1, 2)
+        assert r["staleness/on_target_fraction"] == 1.0 and r["offpolicy/measured_fraction"] == 1.0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed"] is True
+    assert summary["interrupted_requests"] == summary["straddled_segments"] == summary["expired_groups"] == 0
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]

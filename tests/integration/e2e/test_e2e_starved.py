@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -46,13 +47,19 @@ def steps_done(run_dir: Path) -> int:
     return sum('"train/version"' in x for x in metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
-def fire(arm: Path, order: dict, proc, timeout_s: float = 600) -> dict:
-    """Arm a stall and wait until the run walked into it."""
-    arm.write_text(json.dumps(order))
-    fired = arm.with_name(arm.name + ".fired")
+def arm(path: Path, order: dict) -> None:
+    """Arm a stall atomically: the hook never reads a half-written order."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(order))
+    tmp.replace(path)
+
+
+def fire(armed: Path, proc, timeout_s: float = 600) -> dict:
+    """Wait until the run walked into an armed stall."""
+    fired = armed.with_name(armed.name + ".fired")
     deadline = time.monotonic() + timeout_s
     while not fired.exists():
-        assert time.monotonic() < deadline, f"{arm.name} never fired"
+        assert time.monotonic() < deadline, f"{armed.name} never fired"
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(0.05)
     return json.loads(fired.read_text())
@@ -78,26 +85,31 @@ def test_a_starved_and_stalling_run_finishes_with_every_sample_trained_once(
     )  # fmt: skip
     wait_for_steps(run_dir, 3, proc)
 
-    # 1. a starved machine
+    # 1. a starved machine; fault 2 is armed before the starvation ends, so the run cannot finish
+    # its last steps (seconds each, once it has the CPU again) before walking into it
     t0, before = time.monotonic(), steps_done(run_dir)
+    server = json.loads((run_dir / "servers" / "0.json").read_text())
     with CpuStarver(lambda: run_processes(run_dir), share=0.02) as starver:
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(1)
+        arm(stall_server, {"pid": server["pid"]})
     starved_steps = steps_done(run_dir) - before
     print(f"\n40 s at 2% of a CPU ({starver.mechanism}): {starved_steps} steps")
 
     # 2. the server stops inside an update, before begin_weight_update
-    server = json.loads((run_dir / "servers" / "0.json").read_text())
-    fired = fire(stall_server, {"pid": server["pid"]}, proc)
+    fired = fire(stall_server, proc)
+    server_version = fired["version"]
+    # 3. armed while the server is stopped (no later version can be broadcast yet): the trainer
+    # stops inside the broadcast of the next version
+    arm(stall_trainer, {"after_version": server_version})
     time.sleep(STALL_S)
     os.killpg(server["pid"], signal.SIGCONT)
-    server_version = fired["version"]
 
-    # 3. the trainer stops inside its broadcast
     trainer_pid = json.loads((run_dir / "pids.json").read_text())["trainer"]
-    fire(stall_trainer, {}, proc)
+    fired_trainer = fire(stall_trainer, proc)
+    assert int(re.search(r"\(version (\d+)\)", fired_trainer["stage"]).group(1)) > server_version
     time.sleep(STALL_S)
     os.kill(trainer_pid, signal.SIGCONT)
 

@@ -60,7 +60,7 @@ def megatron_greedy(backend, prompts: list[list[int]], max_new: int) -> list[tup
     return out
 
 
-def sender_worker(rank: int, world: int, model_dir: str, exchange: str, ports: list[int]) -> dict:
+def sender_worker(rank: int, world: int, model_dir: str, exchange: str) -> dict:
     from megatron.core import parallel_state
 
     from areal_jobs.weights.broadcast import WeightBroadcastGroup
@@ -75,9 +75,14 @@ def sender_worker(rank: int, world: int, model_dir: str, exchange: str, ports: l
         return {"greedy": greedy, "buckets": []}
     stage = parallel_state.get_pipeline_model_parallel_rank()
     buckets = plan_buckets(specs, BUCKET_BYTES)
-    group = WeightBroadcastGroup(f"megatron-stage{stage}", "127.0.0.1", ports[stage], "gloo", timeout_s=120.0)
+    # port 0 and listen() before publishing, as the trainer does: a port picked free earlier can be
+    # taken by another process before the store binds it (xdist workers start servers meanwhile)
+    group = WeightBroadcastGroup(f"megatron-stage{stage}", "127.0.0.1", 0, "gloo", timeout_s=120.0)
+    port = group.listen()
     plan = [[[t.name, t.dtype, list(t.shape)] for t in b.tensors] for b in buckets]
-    Path(exchange, f"stage{stage}.json").write_text(json.dumps({"group": group.base_name, "buckets": plan}))
+    staged = Path(exchange, f"stage{stage}.json.tmp")
+    staged.write_text(json.dumps({"group": group.base_name, "port": port, "buckets": plan}))
+    staged.replace(staged.with_suffix(""))  # whole or absent: the reader polls for it
     group.init(world_size=2, generation=0)  # this sender + the server's rank; waits for the server
     weights = dict(backend.iter_weights())
     for b in buckets:
@@ -103,9 +108,9 @@ def sglang_greedy(url: str, prompts: list[list[int]], max_new: int) -> list[tupl
     return out
 
 
-def read_senders(exchange: Path, ports: list[int], deadline: float) -> tuple[WeightSender, ...]:
+def read_senders(exchange: Path, stages: int, deadline: float) -> tuple[WeightSender, ...]:
     senders = []
-    for stage, port in enumerate(ports):
+    for stage in range(stages):
         path = exchange / f"stage{stage}.json"
         while not path.exists():
             if time.monotonic() > deadline:
@@ -116,7 +121,7 @@ def read_senders(exchange: Path, ports: list[int], deadline: float) -> tuple[Wei
             BucketSpec(i, tuple(TensorSpec(n, d, tuple(s)) for n, d, s in tensors))
             for i, tensors in enumerate(plan["buckets"])
         )
-        senders.append(WeightSender(plan["group"], "127.0.0.1", port, buckets))
+        senders.append(WeightSender(plan["group"], "127.0.0.1", plan["port"], buckets))
     return tuple(senders)
 
 
@@ -144,7 +149,6 @@ def test_buckets_from_every_stage_make_sglang_greedy_match_megatron(tmp_path):
     server_model = make_tiny_hf(tmp_path / "server", "qwen2", tied=True, seed=1)
     exchange = tmp_path / "exchange"
     exchange.mkdir()
-    ports = [free_port(), free_port()]
     rollout = RolloutConfig(max_total_tokens=4096, extra_server_args=["--skip-tokenizer-init"])
     server = start_server(
         str(server_model),
@@ -160,9 +164,9 @@ def test_buckets_from_every_stage_make_sglang_greedy_match_megatron(tmp_path):
         before = sglang_greedy(server.url, PROMPTS, MAX_NEW_TOKENS)
         with ThreadPoolExecutor(1) as pool:
             trainer = pool.submit(
-                run_ranks, sender_worker, 2, str(trainer_model), str(exchange), ports, timeout_s=300
+                run_ranks, sender_worker, 2, str(trainer_model), str(exchange), timeout_s=300
             )
-            senders = read_senders(exchange, ports, deadline=time.monotonic() + 240)
+            senders = read_senders(exchange, 2, deadline=time.monotonic() + 240)
             asyncio.run(receive(server.url, senders))
             ranks = trainer.result(timeout=300)
         after = sglang_greedy(server.url, PROMPTS, MAX_NEW_TOKENS)

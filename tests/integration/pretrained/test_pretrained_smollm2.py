@@ -201,9 +201,7 @@ def test_one_rl_step_and_broadcast_move_the_server_as_the_trainer(
 # ---------------------------------------------------------------------------------------- Megatron
 
 
-def megatron_worker(
-    rank: int, world: int, model_dir: str, batch: TrainBatch, port: int, exchange: str
-) -> dict:
+def megatron_worker(rank: int, world: int, model_dir: str, batch: TrainBatch, exchange: str) -> dict:
     """One Megatron rank: logits vs transformers before the step, one step, broadcast, final_hf."""
     from areal_jobs.weights.broadcast import WeightBroadcastGroup
     from areal_jobs.weights.buckets import plan_buckets
@@ -215,9 +213,12 @@ def megatron_worker(
     metrics = backend.train_step(batch)
     after = backend.full_logits(seqs).float()
     buckets = plan_buckets(backend.weight_specs(), 32 << 20)
-    group = WeightBroadcastGroup("megatron-pretrained", "127.0.0.1", port, "gloo", timeout_s=300.0)
+    # port 0, bound before publishing: a port picked free earlier can be taken meanwhile
+    group = WeightBroadcastGroup("megatron-pretrained", "127.0.0.1", 0, "gloo", timeout_s=300.0)
     plan = [[[t.name, t.dtype, list(t.shape)] for t in b.tensors] for b in buckets]
-    Path(exchange, "plan.json").write_text(json.dumps({"group": group.base_name, "buckets": plan}))
+    staged = Path(exchange, "plan.json.tmp")
+    staged.write_text(json.dumps({"group": group.base_name, "port": group.listen(), "buckets": plan}))
+    staged.replace(staged.with_suffix(""))
     group.init(world_size=2, generation=0)
     weights = dict(backend.iter_weights())
     for b in buckets:
@@ -237,14 +238,14 @@ def test_megatron_step_broadcast_and_final_hf_on_the_pretrained_checkpoint(
     from areal_jobs.config import PauseMode
     from areal_jobs.rollout.server_pool import ServerPool
     from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
-    from tests.integration.megatron.harness import free_port, run_ranks
+    from tests.integration.megatron.harness import run_ranks
 
     pytest.importorskip("megatron.core")
     batch = sample_batch(pretrained_server, pretrained_dir, n_prompts=2, group=2, max_new=16)
     hf = AutoModelForCausalLM.from_pretrained(str(pretrained_dir), dtype=torch.float32).eval()
     with torch.no_grad():
         hf_before = torch.cat([hf(torch.as_tensor(s.input_ids)[None]).logits[0] for s in batch.samples])
-    port, exchange = free_port(), tmp_path / "exchange"
+    exchange = tmp_path / "exchange"
     exchange.mkdir()
 
     async def receive(plan: dict) -> None:
@@ -252,7 +253,7 @@ def test_megatron_step_broadcast_and_final_hf_on_the_pretrained_checkpoint(
             BucketSpec(i, tuple(TensorSpec(n, d, tuple(s)) for n, d, s in tensors))
             for i, tensors in enumerate(plan["buckets"])
         )
-        senders = (WeightSender(plan["group"], "127.0.0.1", port, buckets),)
+        senders = (WeightSender(plan["group"], "127.0.0.1", plan["port"], buckets),)
         pool = ServerPool()
         pool.add(0, client_for(pretrained_server))
         updater = WeightUpdateOrchestrator(pool, PauseMode.abort, step_timeout_s=300)
@@ -266,7 +267,7 @@ def test_megatron_step_broadcast_and_final_hf_on_the_pretrained_checkpoint(
 
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(
-            run_ranks, megatron_worker, 1, str(pretrained_dir), batch, port, str(exchange), timeout_s=900
+            run_ranks, megatron_worker, 1, str(pretrained_dir), batch, str(exchange), timeout_s=900
         )
         deadline = time.monotonic() + 900
         while not (exchange / "plan.json").exists():

@@ -234,3 +234,34 @@ def test_a_private_umask_of_the_run_does_not_lock_the_sandbox_out(namespaces: bo
     finally:
         os.umask(previous)
     assert result.exited_cleanly and result.stdout == b"ok\n", result
+
+
+def _slow_boot(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
+    """The real boot script, started `delay_s` late: a loaded machine's namespace and tmpfs setup."""
+    folder = Path(tempfile.mkdtemp(prefix="slow-boot-"))
+    folder.chmod(0o755)  # the userns mode starts the boot as the sandbox uid
+    script = folder / "slow_boot.py"
+    script.write_text(
+        f"import runpy, sys, time\ntime.sleep({delay_s})\nsys.argv[0] = {sandbox._BOOT_SCRIPT!r}\n"
+        f"runpy.run_path({sandbox._BOOT_SCRIPT!r}, run_name='__main__')\n"
+    )
+    script.chmod(0o644)
+    monkeypatch.setattr(sandbox, "_BOOT_SCRIPT", str(script))
+
+
+def test_the_wall_clock_starts_when_the_program_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI, on a loaded machine: an infinite loop was killed before its exec at a 3 s limit and
+    reported as a sandbox failure. A boot slower than the program's whole limit costs it nothing."""
+    _slow_boot(monkeypatch, 2.0)
+    limits = dataclasses.replace(LIMITS, wall_timeout_s=1.0)
+    quick = run("print('ok')", limits=limits)
+    assert quick.exited_cleanly and quick.stdout == b"ok\n", quick
+    loop = run("while True:\n    pass", limits=limits)
+    assert loop.started and loop.timed_out, loop
+
+
+def test_a_boot_past_its_own_bound_is_a_sandbox_failure_that_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_boot(monkeypatch, 3.0)
+    monkeypatch.setattr(sandbox, "_BOOT_TIMEOUT_S", 0.5)
+    result = run("print('ok')")
+    assert not result.started and "did not start the program within 0.5s" in result.error, result

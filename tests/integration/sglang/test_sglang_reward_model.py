@@ -139,7 +139,14 @@ class TestDiscriminative:
         ).eval()
         with torch.no_grad():
             ref = [
-                model(input_ids=torch.tensor([tok.encode(r.prompt, add_special_tokens=False) + tok.encode(r.response, add_special_tokens=False)]))
+                model(
+                    input_ids=torch.tensor(
+                        [
+                            tok.encode(r.prompt, add_special_tokens=False)
+                            + tok.encode(r.response, add_special_tokens=False)
+                        ]
+                    )
+                )
                 .logits[0, 0]
                 .item()
                 for r in requests

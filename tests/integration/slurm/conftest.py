@@ -140,6 +140,11 @@ def _write_config(root: Path) -> Path:
         "SlurmdParameters=config_overrides\nAccountingStorageType=accounting_storage/none\n"
         "JobAcctGatherType=jobacct_gather/none\nJobCompType=jobcomp/none\nMpiDefault=none\n"
         "MailProg=/bin/true\nReturnToService=2\nMinJobAge=600\nKillWait=5\nInactiveLimit=0\n"
+        # slurmctld pings the nodes every SlurmdTimeout / 3 s (default 300 / 3). A het job that a
+        # node failure requeued can fail its first start ("Requested nodes are busy": one group
+        # became eligible a second before the other) and then waits for the next ping of its
+        # nodes: up to 100 s by default (measured: 108 s and 183 s), 10 s here
+        "SlurmdTimeout=30\n"
         f"GresTypes=gpu\n{node_lines}"
         f"PartitionName=debug Nodes=n[1-{NUM_NODES}] Default=YES MaxTime=INFINITE State=UP\n"
     )

@@ -19,6 +19,10 @@ from pathlib import Path
 import yaml
 
 STEP_S = 0.3  # pacing of the fake trainer, so a test can signal it mid-run
+# Once RUN_DIR/fake/hurry exists (a test saw what it waited for: a lost node handled, a satellite
+# registered), the trainer's remaining steps take HURRY_STEP_S each: the job ends when the test is
+# done with it, not after a length fixed in advance; the steps and their count are the same.
+HURRY_STEP_S = 0.01
 ENV_KEYS = (
     "RANK",
     "WORLD_SIZE",
@@ -49,6 +53,13 @@ def _record(run_dir: Path, name: str) -> None:
 
 def _on_usr1(*_: object) -> None:
     raise Checkpoint
+
+
+def hurry(run_dir: Path) -> None:
+    """From now on, the fake trainer of the run at `run_dir` (this attempt and the next) steps at
+    HURRY_STEP_S."""
+    (run_dir / "fake").mkdir(exist_ok=True)
+    (run_dir / "fake" / "hurry").touch()
 
 
 def server(cfg: dict, run_dir: Path, index: int) -> None:
@@ -97,7 +108,7 @@ def trainer(cfg: dict, run_dir: Path) -> None:
     step = start
     try:
         while step < cfg["trainer"]["total_steps"]:
-            time.sleep(STEP_S)
+            time.sleep(HURRY_STEP_S if (run_dir / "fake" / "hurry").exists() else STEP_S)
             step += 1
             # tmp + rename: the test polls this file and must never read it half written
             tmp = run_dir / "fake" / f"progress.tmp{os.environ['RANK']}"  # one per rank: no race

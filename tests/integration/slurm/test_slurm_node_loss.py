@@ -14,13 +14,14 @@ import json
 import time
 from pathlib import Path
 
+import fake_roles
 import pytest
 from conftest import NUM_NODES, LocalSlurm
 from test_slurm_hetjob import submit
 
 pytestmark = pytest.mark.slurm
 
-TOTAL_STEPS = 100  # 30 s of fake training (fake_roles.STEP_S)
+TOTAL_STEPS = 100  # 30 s of fake training (fake_roles.STEP_S), until the test hurries it
 
 
 def batch_host(cluster: LocalSlurm, job_id: str) -> str:
@@ -79,6 +80,21 @@ def lose_a_node(
     return job_id, run_dir, name
 
 
+def hurry_once_logged(cluster: LocalSlurm, job_id: str, run_dir: Path, line: str) -> None:
+    """Wait until the job script logged `line` (the loss was handled), then let the fake trainer
+    run out its remaining steps quickly (fake_roles.hurry): the rest of the run is not the test."""
+    batch_log = run_dir / "logs" / f"sbatch-{job_id}.out"
+    deadline = time.monotonic() + 180
+    while not (batch_log.exists() and line in batch_log.read_text()):
+        assert time.monotonic() < deadline, f"{line!r} not logged: {cluster.job_states(job_id)}\n" + (
+            batch_log.read_text() if batch_log.exists() else "(no batch log)"
+        )
+        if "PENDING" in cluster.job_states(job_id):
+            cluster.nudge_backfill()
+        time.sleep(0.2)
+    fake_roles.hurry(run_dir)
+
+
 TWO_PLUS_TWO = ["cluster.nodes=4", "cluster.rollout_fraction=0.5", "trainer=fsdp"]
 
 
@@ -86,6 +102,7 @@ def test_the_job_survives_a_lost_rollout_node(slurm_cluster: LocalSlurm, tmp_pat
     """2 rollout + 2 trainer nodes: the lost node leaves the job, the other server serves on and the
     trainer ends its run in the first attempt."""
     job_id, run_dir, lost = lose_a_node(slurm_cluster, tmp_path, "lose-rollout", "server", *TWO_PLUS_TWO)
+    hurry_once_logged(slurm_cluster, job_id, run_dir, "rollout node lost: 2 -> 1 rollout nodes")
     states = slurm_cluster.wait_until_done(job_id, timeout_s=180)
     shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
@@ -103,6 +120,7 @@ def test_a_lost_trainer_node_means_checkpoint_restart(slurm_cluster: LocalSlurm,
     """2 + 2 nodes: the job script sees its trainer lost and requeues the job; the next attempt
     trains to the end."""
     job_id, run_dir, _ = lose_a_node(slurm_cluster, tmp_path, "lose-trainer", "trainer", *TWO_PLUS_TWO)
+    hurry_once_logged(slurm_cluster, job_id, run_dir, "attempt 1] start")
     states = slurm_cluster.wait_until_done(job_id, timeout_s=300)
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
     shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
@@ -119,6 +137,7 @@ def test_with_a_one_node_trainer_group_a_lost_rollout_node_requeues_the_job(
     """3 rollout nodes + 1 trainer node (cluster=local_slurm's layout) is rendered without --no-kill:
     SLURM requeues the whole job and the next attempt trains to the end."""
     job_id, run_dir, _ = lose_a_node(slurm_cluster, tmp_path, "lose-3+1", "server")
+    hurry_once_logged(slurm_cluster, job_id, run_dir, "attempt 1] start")
     states = slurm_cluster.wait_until_done(job_id, timeout_s=300)
     batch_log = (run_dir / "logs" / f"sbatch-{job_id}.out").read_text()
     shown = slurm_cluster.run("scontrol", "show", "job", job_id).stdout

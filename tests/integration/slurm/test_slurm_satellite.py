@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import fake_roles
 import pytest
 import yaml
 from conftest import LocalSlurm
@@ -67,6 +68,7 @@ def test_a_satellite_server_registers_and_ends_with_its_run(
     }
     assert len(job_nodes) == 2 and env["SLURMD_NODENAME"] not in job_nodes  # a node of its own
 
+    fake_roles.hurry(run_dir)  # the main job may end now: its remaining steps run out at once
     assert slurm_cluster.wait_until_done(job_id, timeout_s=180) == ["COMPLETED", "COMPLETED"]
     assert slurm_cluster.wait_until_done(sat_id, timeout_s=120) == ["COMPLETED"]
     sat_log = (run_dir / "logs" / f"satellite-{sat_id}.out").read_text()

@@ -298,3 +298,65 @@ def test_every_route_refuses_requests_without_the_api_key(vllm_server):
         assert requests.get(f"{url}{path}", timeout=30).status_code == 401, path
     right = {"Authorization": f"Bearer {vllm_server.api_key}"}
     assert requests.get(f"{url}/health", headers=right, timeout=30).status_code == 200
+
+
+def test_deltas_leave_the_server_equal_to_a_full_copy(vllm_server, tiny_model_dir):
+    """weight_sync.sync=delta through the worker extension: a full copy, deltas (bf16 on the wire,
+    ~1% of the values each) and one refused for its base version give greedy tokens and log-probs
+    exactly those of a full copy of the same weights. Leaves the initial weights at version 308."""
+    from safetensors.torch import load_file
+
+    from areal_jobs.config import DType
+    from tests.integration.sglang.sglang_harness import EncodedBroadcaster
+
+    original = load_file(str(tiny_model_dir / "model.safetensors"))
+    masters = {n: t.clone() for n, t in original.items()}
+    inputs = prompts(tiny_model_dir, 3)
+    gen = torch.Generator().manual_seed(3)
+
+    def step():
+        for t in masters.values():
+            t.add_(torch.randn(t.shape, generator=gen) * t.abs().mean() * 1e-4)
+
+    async def greedy():
+        out = await generate_all(vllm_server, inputs, 16, 0.0, tag="delta")
+        return [(r.output_ids, r.logprobs) for r in out]
+
+    async def go():
+        caster = EncodedBroadcaster(
+            vllm_server, masters, client=client_for(vllm_server), dtype=DType.bfloat16
+        )
+        try:
+            await caster.publish(301)  # the anchor: a full copy
+            for version in (302, 303):
+                step()
+                await caster.publish(version)
+            saved = {n: t.clone() for n, t in caster.stage.copy.tensors.items()}
+            step()
+            await caster.publish(304)
+            after_deltas = await greedy()
+            await caster.publish(305, servers_version=-1)  # the same weights as a full copy
+            after_full = await greedy()
+            step()  # cut from 303 while the server holds 305: refused, the whole bucket instead
+            for name, t in saved.items():
+                caster.stage.copy.tensors[name].copy_(t)
+            caster.stage.copy.version = 303
+            await caster.publish(306, servers_version=303)
+            after_refusal = await greedy()
+            await caster.publish(307, servers_version=-1)
+            after_full_again = await greedy()
+            for name, t in original.items():
+                masters[name].copy_(t)
+            await caster.publish(308, servers_version=-1)
+            return caster.phases, (after_deltas, after_full), (after_refusal, after_full_again)
+        finally:
+            await caster.close()
+
+    phases, deltas, refusal = asyncio.run(go())
+    assert [p.delta for p in phases] == [False, True, True, True, False, True, False, False]
+    assert [p.refused_buckets > 0 for p in phases] == [False] * 5 + [True, False, False]
+    for p in phases[1:4]:
+        assert 0 < p.changed < 0.1 * p.elements and p.bytes_per_server < 0.25 * p.full_bytes
+    assert deltas[0] == deltas[1]  # greedy tokens and log-probs after three deltas, exactly
+    assert refusal[0] == refusal[1]
+    assert deltas[1] != refusal[1]  # the steps between them moved the answers: a real comparison

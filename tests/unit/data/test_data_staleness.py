@@ -130,3 +130,84 @@ def test_may_push_counts_every_earlier_in_flight_group():
 def test_may_push_with_eta_zero_changes_nothing():
     # synchronous: every group is due at the version it was admitted under
     assert may_push(3, version=3, unacked=1, in_flight_deadlines=[3, 3], batch_size=4)
+
+
+# ------------------------------------------------------------------ algo.exact_delay
+
+
+def test_exact_delay_target_ramps_then_lags_by_d():
+    from areal_jobs.data.staleness import exact_delay_target
+
+    assert [exact_delay_target(v, 3) for v in range(7)] == [0, 0, 0, 0, 1, 2, 3]
+    assert [exact_delay_target(v, 0) for v in range(3)] == [0, 1, 2]
+
+
+def test_exact_delay_batch_takes_only_groups_old_enough():
+    from areal_jobs.data.staleness import exact_delay_batch
+
+    # trainer at 5, d = 2: version 3's groups; a version-4 group waits for the next step
+    assert exact_delay_batch([4, 3, 3], 5, 2, 2) == [1, 2]
+    assert exact_delay_batch([4, 3, 4], 5, 2, 2) is None
+    assert exact_delay_batch([0, 0, 0], 1, 4, 3) == [0, 1, 2]  # the ramp: version 0's
+
+
+def simulate(delay, batch, max_running, versions, seed, gate=True):
+    """Admission (the real StalenessManager) and a trainer taking exact_delay_batch and publishing
+    under exact_delay_may_publish, groups finishing in random order after random times. Returns
+    (the versions of each trained batch, groups whose generation straddled an update); the
+    batches stop short when no batch can ever be taken (a deadlock)."""
+    import random
+
+    from areal_jobs.data.staleness import exact_delay_batch, exact_delay_may_publish
+
+    rng = random.Random(seed)
+    mgr = StalenessManager(batch, delay, max_running)
+    version, trained_this_version = 0, False
+    in_flight: list[list] = []  # [admitted version, ticks left, straddled]
+    inbox: list[tuple[int, bool]] = []  # (version, straddled)
+    batches, straddled = [], 0
+    for _ in range(200_000):
+        if len(batches) == versions:
+            return batches, straddled
+        action = rng.random()
+        if action < 0.4 and mgr.try_admit(version):
+            in_flight.append([version, rng.randint(1, 6), False])
+        elif action < 0.8 and in_flight:
+            g = rng.choice(in_flight)
+            g[1] -= 1
+            if g[1] <= 0:
+                in_flight.remove(g)
+                mgr.on_accepted()
+                inbox.append((g[0], g[2]))
+        elif not trained_this_version:
+            picked = exact_delay_batch([v for v, _ in inbox], version, delay, batch)
+            if picked is not None:
+                batches.append(sorted(inbox[i][0] for i in picked))
+                straddled += sum(inbox[i][1] for i in picked)
+                inbox = [g for i, g in enumerate(inbox) if i not in set(picked)]
+                trained_this_version = True
+        elif not gate or exact_delay_may_publish(len(inbox), delay, batch):
+            version, trained_this_version = version + 1, False
+            for g in in_flight:  # an update while a group generates: its tokens span versions
+                g[2] = True
+    return batches, straddled
+
+
+@pytest.mark.parametrize("delay", [0, 1, 2, 5])
+@pytest.mark.parametrize("batch, max_running", [(1, 1), (3, 2), (3, 100)])
+def test_exact_delay_trains_every_batch_exactly_d_versions_late(delay, batch, max_running):
+    """Whatever the finishing order and the concurrency: batch v is version max(0, v - d)'s,
+    nothing straddles an update, and the queue never deadlocks."""
+    for seed in range(3):
+        batches, straddled = simulate(delay, batch, max_running, versions=40, seed=seed)
+        assert len(batches) == 40 and straddled == 0
+        for v, versions in enumerate(batches):
+            assert versions == [max(0, v - delay)] * batch, (v, versions)
+
+
+def test_without_the_publish_gate_samples_straddle_updates_or_the_queue_starves():
+    """The gate is what makes the queue work: publishing as soon as a batch is trained updates the
+    servers while groups of the current version still generate (they straddle versions), and
+    slots of a version go to groups admitted later, so its batch never fills (a deadlock)."""
+    runs = [simulate(2, 3, 100, versions=40, seed=s, gate=False) for s in range(3)]
+    assert any(straddled > 0 or len(batches) < 40 for batches, straddled in runs)

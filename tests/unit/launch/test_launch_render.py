@@ -111,6 +111,13 @@ def test_discovery_token_and_trap_are_in_the_script() -> None:
     assert "LOOPBACK=0\n" in script and "LOOPBACK=1\n" in render(make_job(nodes=4, loopback=True))
 
 
+def test_the_node_check_interval_is_the_configs() -> None:
+    assert "    sleep 10 &\n" in render(make_job())  # the default
+    assert "    sleep 2 &\n" in render(make_job(node_check_s=2))
+    with pytest.raises(ValueError, match="cluster.node_check_s must be >= 1"):
+        make_job(node_check_s=0)
+
+
 def test_nccl_env_is_sorted_and_quoted() -> None:
     script = render(make_job(nccl_env={"NCCL_SOCKET_IFNAME": "bond0", "NCCL_IB_HCA": "mlx5_0 mlx5_1; rm"}))
     exports = [line for line in script.splitlines() if line.startswith("export NCCL_")]

@@ -53,6 +53,10 @@ def test_satellite_script_is_one_node_of_the_runs_servers(tmp_path) -> None:
     assert "export NCCL_IB_HCA=mlx5" in script
     assert "--index $((FIRST_INDEX + SLURM_PROCID))" in script
     assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
+    assert "    sleep 5 &\n" in script  # cluster.satellite_watch_s
+    assert "    sleep 1 &\n" in render_satellite(planned_job(satellite_watch_s=1), tmp_path, "1", 1)[0]
+    with pytest.raises(ValueError, match="cluster.satellite_watch_s must be >= 1"):
+        planned_job(satellite_watch_s=0)
 
 
 def test_fresh_indices_are_never_reused(tmp_path) -> None:

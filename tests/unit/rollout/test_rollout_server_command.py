@@ -12,7 +12,7 @@ from pathlib import Path
 
 from areal_jobs.config import DType, RolloutConfig
 from areal_jobs.rollout.server import sglang_command, sglang_env
-from areal_jobs.rollout.sglang_launch import KEY_ENV
+from areal_jobs.rollout.sglang_launch import KEY_ENV, START_METHOD_ENV
 from areal_jobs.rollout.vllm_server import vllm_command
 
 REPO = Path(__file__).resolve().parents[3]
@@ -28,17 +28,23 @@ def test_the_command_line_has_no_key_and_the_environment_does() -> None:
     assert sglang_env(KEY, cpu=True, threads=1)[KEY_ENV] == KEY
 
 
+def fake_launch_server(root: Path, source: str) -> None:
+    """A stand-in `sglang.launch_server` module under `root` (put `root` first on PYTHONPATH)."""
+    fake = root / "sglang"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "launch_server.py").write_text(source)
+
+
 def test_sglang_sees_the_key_and_ps_does_not(tmp_path: Path) -> None:
     """The real launcher module in front of a stand-in `sglang.launch_server`, which reports what
     SGLang would parse (sys.argv), what `ps` shows (/proc/self/cmdline), and its environment."""
-    fake = tmp_path / "sglang"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("")
-    (fake / "launch_server.py").write_text(
+    fake_launch_server(
+        tmp_path,
         "import json, os, sys\n"
         "if __name__ == '__main__':\n"
         "    cmdline = open('/proc/self/cmdline', 'rb').read().decode().split('\\0')\n"
-        f"    print(json.dumps({{'argv': sys.argv[1:], 'cmdline': cmdline, 'env': os.environ.get('{KEY_ENV}')}}))\n"
+        f"    print(json.dumps({{'argv': sys.argv[1:], 'cmdline': cmdline, 'env': os.environ.get('{KEY_ENV}')}}))\n",
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]), **{KEY_ENV: KEY})
     cmd = sglang_command("/m", "127.0.0.1", 30000, RolloutConfig(), DType.float32, True, 0)
@@ -60,6 +66,33 @@ def test_without_a_key_the_launcher_refuses_to_start_an_open_server() -> None:
         check=False,
     )
     assert proc.returncode == 1 and f"{KEY_ENV} is empty" in proc.stderr
+
+
+def test_on_cpu_sglang_forks_its_children_and_its_own_spawn_request_is_ignored(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """rollout.sglang_cpu_fork: the launcher pins "fork" before SGLang runs, and SGLang's own
+    `mp.set_start_method("spawn", force=True)` (its engine) no longer replaces it; a GPU server, or
+    the knob off, leaves SGLang's spawn alone, whatever the caller's environment says."""
+    assert sglang_env(KEY, cpu=True, threads=1, fork=True)[START_METHOD_ENV] == "fork"
+    monkeypatch.setenv(START_METHOD_ENV, "fork")  # the caller's environment does not decide
+    assert START_METHOD_ENV not in sglang_env(KEY, cpu=True, threads=1, fork=False)
+    assert START_METHOD_ENV not in sglang_env(KEY, cpu=False, threads=1, fork=True)
+    monkeypatch.delenv(START_METHOD_ENV)
+    fake_launch_server(
+        tmp_path,
+        "import multiprocessing as mp\n"
+        "if __name__ == '__main__':\n"
+        "    mp.set_start_method('spawn', force=True)  # as SGLang's engine does\n"
+        "    print(mp.get_start_method())\n",
+    )
+    base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]), **{KEY_ENV: KEY})
+    cmd = sglang_command("/m", "127.0.0.1", 30000, RolloutConfig(), DType.float32, True, 0)
+    for extra, method in (({START_METHOD_ENV: "fork"}, "fork"), ({}, "spawn")):
+        proc = subprocess.run(
+            cmd, env=dict(base, **extra), capture_output=True, text=True, timeout=60, check=True
+        )
+        assert proc.stdout.strip().splitlines()[-1] == method
 
 
 def test_a_shared_gpu_gives_each_engine_its_share_and_the_colocated_release() -> None:

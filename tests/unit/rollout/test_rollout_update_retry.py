@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from areal_jobs.api import Health
+from areal_jobs.api import Health, WeightSender
 from areal_jobs.config import PauseMode
 from areal_jobs.rollout import service as service_mod
 from areal_jobs.rollout.server_pool import ServerPool
@@ -276,3 +276,48 @@ def test_a_server_whose_front_still_answers_is_busy_not_down():
         clock[0] = t
         asyncio.run(svc._probe(pool.slots[0]))
         assert pool.slots[0].up
+
+
+class TrainerWords(Channel):
+    """The trainer's side of an encoded update: its BroadcastDone (or silence)."""
+
+    def __init__(self, *words) -> None:
+        super().__init__()
+        self.words = list(words)
+
+    async def recv_control(self, timeout_s=None):
+        if self.words:
+            return self.words.pop(0)
+        await asyncio.sleep(0.01)
+        return None
+
+
+class EncodedHealthy(Healthy):
+    async def receive_encoded_bucket(self, tensors, name, version, timeout_s=None):
+        await self._call("encoded", name, version, len(tensors))
+
+
+def test_an_encoded_update_ends_only_on_the_trainers_word():
+    """weight_sync.sync=delta: SGLang's loader answers success even when the group broke under it,
+    so the servers hold the version only once the trainer says its collectives all completed; a
+    broken trainer side (every server alive) is a slow stage, sent again with longer timeouts."""
+    encoded = m.PauseRequest(
+        version=5,
+        senders=(WeightSender(SENDER.group_name, "127.0.0.1", 1, SENDER.buckets, encoded=True),),
+        backend="gloo",
+    )
+    stats = m.RolloutStats(metrics={})
+    ok = m.BroadcastDone(5, True)
+    broken = m.BroadcastDone(5, False, "bucket 2/2 (version 5): not acknowledged within 5s")
+    for words, published in (((stats, ok), True), ((broken,), False)):
+        svc, pool, ctl, _ = service([EncodedHealthy("a"), EncodedHealthy("b")])
+        svc.channel = channel = TrainerWords(*words)
+        asyncio.run(svc._update_weights(encoded))
+        assert isinstance(channel.sent[-1], m.VersionPublished if published else m.UpdateRetry)
+        # every call of theirs returned, but only the trainer's word makes them hold the version
+        assert [s.held_version for s in pool.up_slots] == ([5, 5] if published else [-1, -1])
+        assert ctl.version == (5 if published else 0)
+        if published:
+            assert svc._early == [stats]  # read while waiting: served by the loop next
+        else:
+            assert channel.sent[-1].lost_servers == () and svc.orch.timeout_scale == 2.0

@@ -273,3 +273,41 @@ def test_find_lost_names_the_dead_and_those_already_marked_down():
     pool.mark_down(2, "health check failed")  # the health loop got there first
     assert asyncio.run(orch.find_lost([0, 1, 2])) == [1, 2]
     assert asyncio.run(orch.find_lost([0])) == []
+
+
+class EncodedRecorder(Recorder):
+    async def receive_encoded_bucket(self, tensors, name, version, timeout_s=None):
+        await self._call("encoded", name, version, len(tensors))
+
+
+def test_encoded_buckets_go_to_the_receiver_and_held_versions_follow_completed_updates():
+    """weight_sync.sync=delta: the same stages, the encoded bucket call; a server holds a version
+    only once every bucket of it arrived (what Paused.servers_version is computed from)."""
+    a, b = EncodedRecorder("a"), EncodedRecorder("b", hang_on="encoded")
+    orch, pool = orchestrator([a, b], timeout_s=0.2)
+    encoded = WeightSender(SENDER.group_name, "127.0.0.1", 1, SENDER.buckets, encoded=True)
+    assert [s.held_version for s in pool.up_slots] == [-1, -1]
+
+    async def go():
+        orch.next_generation()
+        await orch.init_groups((encoded,), "gloo")
+        with pytest.raises(StageError, match="weight broadcast bucket 1/2 of sender w to server 1"):
+            await orch.receive(3, (encoded,))
+
+    asyncio.run(go())
+    assert [c for c in a.calls if c[0] in ("bucket", "encoded")] == [
+        ("encoded", "w-1", 3, 1),
+        ("encoded", "w-1", 3, 1),
+    ]
+    assert [s.held_version for s in pool.up_slots] == [-1, -1]  # the update broke off: nobody holds 3
+    b.hang_on = None
+
+    async def again():
+        await orch.receive(4, (encoded,))
+
+    asyncio.run(again())
+    assert [s.held_version for s in pool.up_slots] == [4, 4]
+    pool.mark_down(1, "test")
+    pool.rejoin(1, b)
+    pool.promote_joining()
+    assert [s.held_version for s in pool.up_slots] == [4, -1]  # restarted: a full copy next

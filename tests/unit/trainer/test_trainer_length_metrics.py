@@ -19,7 +19,9 @@ def test_batch_metrics_carry_the_length_model_statistics():
     # two prompts (2 prompt tokens each): answers of 1 and 4 tokens, then 2 and 2
     groups = [group("g1", [[0], [0, 0, 0, 0]], [1.0, 0.0]), group("g2", [[0, 0], [0, 0]], [1.0, 0.0])]
     batch = assemble(groups, trainer_version=0, algo=AlgoConfig(batch_size=2, group_size=2))
-    loop = SimpleNamespace(trained_tokens=0, max_staleness_seen=0)
+    loop = SimpleNamespace(
+        trained_tokens=0, max_staleness_seen=0, algo=AlgoConfig(batch_size=2, group_size=2)
+    )
     got = TrainLoop._batch_metrics(loop, batch, groups)
     assert (got["gen/len_p50"], got["gen/len_max"], got["gen/prompt_len_mean"]) == (2.0, 4.0, 2.0)
     assert got["gen/len_p90"] == pytest.approx(3.4)  # numpy's linear interpolation: 2 + 0.7 * 2

@@ -15,6 +15,7 @@ from areal_jobs.trainer.publisher import WeightPublisher
 from areal_jobs.trainer.ranks import Publish
 from areal_jobs.transport import messages as m
 from areal_jobs.weights.broadcast import BroadcastTimeout
+from areal_jobs.weights.phases import UpdatePhases
 
 SENDER = WeightSender("s0", "127.0.0.1", 1, (BucketSpec(0, (TensorSpec("w", "float32", (4,)),)),))
 
@@ -35,7 +36,7 @@ class Stage:
         self.sent: list[m.Paused] = []
         self.dropped_group = False  # as StageSender: dropped after a broadcast broke off
 
-    def send(self, paused: m.Paused) -> float:
+    def send(self, paused: m.Paused) -> UpdatePhases:
         self.sent.append(paused)
         if self.failures:
             self.failures -= 1
@@ -44,7 +45,7 @@ class Stage:
                 "weight broadcast bucket 1/1 of s0 (version 3) failed: Connection closed by peer"
             )
         self.dropped_group = self.dropped_group and not paused.init_group
-        return 16.0
+        return UpdatePhases(bytes_per_server=16.0)
 
 
 def publisher(controller, stage):
@@ -107,3 +108,21 @@ def test_a_broadcast_that_timed_out_on_the_trainer_but_reached_the_servers_regro
     requests = [x for x in controller.sent if isinstance(x, m.PauseRequest)]
     assert [(r.version, r.regroup) for r in requests] == [(3, False), (4, True)]
     assert not stage.dropped_group
+
+
+def test_an_encoded_broadcast_is_vouched_for_or_disowned():
+    """weight_sync.sync=delta: after its buckets the trainer tells the controller whether every
+    collective completed (BroadcastDone), the only word the controller has with SGLang's loader."""
+    encoded = WeightSender("s0", "127.0.0.1", 1, SENDER.buckets, encoded=True)
+    first = m.Paused(version=3, world_size=3, init_group=True, group_generation=1)
+    again = m.Paused(version=3, world_size=3, init_group=True, group_generation=2, timeout_scale=2.0)
+    controller = ScriptedChannel(
+        first, m.UpdateRetry(3, (), "the trainer's encoded broadcast of version 3", "broke off"),
+        again, m.VersionPublished(version=3, update_s=0.5),
+    )  # fmt: skip
+    cfg = WeightSyncConfig(step_timeout_s=2.0)
+    pub = WeightPublisher(cfg, Inbox(controller), Ranks(), Stage(failures=1), (encoded,), disk_dir=None)
+    pub.publish(3, backend=None, trained=())
+    words = [x for x in controller.sent if isinstance(x, m.BroadcastDone)]
+    assert [(w.version, w.ok) for w in words] == [(3, False), (3, True)]
+    assert "Connection closed by peer" in words[0].detail

@@ -167,3 +167,27 @@ def test_entropy_bonus_trains_through_the_entropy(tiny_model_dir):
     assert any(not torch.equal(v, before[k]) for k, v in backend.model.state_dict().items())
     still = make_backend(tiny_model_dir)
     assert still.train_step(batch)["train/grad_norm"] == 0.0
+
+
+def test_offpolicy_metrics_measure_the_pre_step_policy_whatever_the_objective(tiny_model_dir):
+    """offpolicy/* compare the behaviour log-probs with the policy as the step begins: the same
+    numbers for naive and decoupled PPO (one minibatch: every token measured). Naive PPO's clip
+    at its first pass acts exactly on the pre-clipped tokens it cuts (preclip_cut_fraction)."""
+    batch = make_batch(n=8)
+    naive = make_backend(tiny_model_dir, decoupled=False).train_step(batch)
+    decoupled = make_backend(tiny_model_dir).train_step(batch)
+    assert naive["offpolicy/measured_fraction"] == decoupled["offpolicy/measured_fraction"] == 1.0
+    for key in [k for k in naive if k.startswith("offpolicy/")]:
+        assert naive[key] == pytest.approx(decoupled[key], rel=1e-6, abs=1e-9), key
+    assert naive["offpolicy/preclip_fraction"] > 0.5  # behaviour log-probs -5: far from the model's
+    assert naive["ppo/clip_fraction"] == pytest.approx(naive["offpolicy/preclip_cut_fraction"], abs=1e-9)
+
+
+def test_naive_ppo_with_minibatches_measures_its_first_minibatch(tiny_model_dir):
+    """No extra forward pass for the metrics: naive PPO knows π_pre only in its first minibatch's
+    gradient pass; decoupled PPO (current) has it for every sample."""
+    batch = make_batch(n=6)
+    naive = make_backend(tiny_model_dir, decoupled=False, ppo_minibatches=3).train_step(batch)
+    decoupled = make_backend(tiny_model_dir, ppo_minibatches=3).train_step(batch)
+    assert 0.0 < naive["offpolicy/measured_fraction"] < 1.0
+    assert decoupled["offpolicy/measured_fraction"] == 1.0

@@ -20,6 +20,13 @@ from pathlib import Path
 ARM = os.environ.get("AREAL_TEST_KILL_IN_UPDATE", "")
 
 
+def _announce(arm: str, payload: str) -> None:
+    """Write `<arm>.fired` atomically: the test reads it the moment it exists."""
+    tmp = Path(arm + ".fired.tmp")
+    tmp.write_text(payload)
+    tmp.replace(arm + ".fired")
+
+
 def _in_controller() -> bool:
     try:
         return b"areal_jobs.rollout.main" in Path("/proc/self/cmdline").read_bytes()
@@ -38,17 +45,21 @@ if ARM and _in_controller():
             order = json.loads(armed.read_text())
             armed.unlink()
             client = self.pool.slots[order["server"]].client
-            send = client.update_weights_from_distributed
             calls = []
 
-            async def dies_at_bucket(tensors, group_name, v, **kwargs):
-                calls.append(v)
-                if len(calls) == order["at_bucket"]:
-                    os.killpg(order["pid"], signal.SIGKILL)
-                    Path(ARM + ".fired").write_text(json.dumps({"version": version, "bucket": len(calls)}))
-                return await send(tensors, group_name, v, **kwargs)
+            def dies_at_bucket(send):
+                async def call(tensors, group_name, v, **kwargs):
+                    calls.append(v)
+                    if len(calls) == order["at_bucket"]:
+                        os.killpg(order["pid"], signal.SIGKILL)
+                        _announce(ARM, json.dumps({"version": version, "bucket": len(calls)}))
+                    return await send(tensors, group_name, v, **kwargs)
 
-            client.update_weights_from_distributed = dies_at_bucket  # this client only, this update
+                return call
+
+            # this client only, this update; a plain bucket or an encoded one (weight_sync.sync=delta)
+            client.update_weights_from_distributed = dies_at_bucket(client.update_weights_from_distributed)
+            client.receive_encoded_bucket = dies_at_bucket(client.receive_encoded_bucket)
         return await _receive(self, version, senders)
 
     weight_update.WeightUpdateOrchestrator.receive = _receive_with_fault
@@ -58,8 +69,12 @@ if ARM and _in_controller():
 # Two more armed faults, each fired once, each a SIGSTOP the test ends with SIGCONT:
 # AREAL_TEST_STALL_SERVER_IN_UPDATE (controller): {"pid": a server's process group}: the next update
 #   stops that server just before begin_weight_update, so the stage's calls go unanswered;
-# AREAL_TEST_STALL_TRAINER_IN_BROADCAST (trainer): {}: the next broadcast stops the trainer just
-#   before its first bucket, while the servers wait for it inside the collective.
+# AREAL_TEST_STALL_TRAINER_IN_BROADCAST (trainer): {"after_version": v}: the first broadcast of a
+#   version above v stops the trainer just before its first bucket, while the servers wait for it
+#   inside the collective. The test arms it while the run cannot reach that broadcast yet (a
+#   server is stopped), so the run can never finish before the stall fires: arming after the
+#   fact raced the run's last steps (CI: 12 steps in 6 s once the starvation ended, the stall
+#   never fired).
 STALL_SERVER = os.environ.get("AREAL_TEST_STALL_SERVER_IN_UPDATE", "")
 STALL_TRAINER = os.environ.get("AREAL_TEST_STALL_TRAINER_IN_BROADCAST", "")
 
@@ -82,7 +97,7 @@ if STALL_SERVER and _in_controller():
         order = _take(STALL_SERVER)
         if order is not None:
             os.killpg(order["pid"], signal.SIGSTOP)
-            Path(STALL_SERVER + ".fired").write_text(json.dumps({"version": version}))
+            _announce(STALL_SERVER, json.dumps({"version": version}))
         return await _receive_buckets(self, version, senders)
 
     _wu.WeightUpdateOrchestrator._receive_buckets = _receive_buckets_with_stall
@@ -96,15 +111,21 @@ def _in_trainer() -> bool:
 
 
 if STALL_TRAINER and _in_trainer():
+    import re
+
     from areal_jobs.weights import broadcast as _broadcast
 
-    _send_bucket = _broadcast.WeightBroadcastGroup.send_bucket
+    # every bucket, flat or encoded (weight_sync.sync=delta), goes out through broadcast()
+    _broadcast_flat = _broadcast.WeightBroadcastGroup.broadcast
 
-    def _send_bucket_with_stall(self, bucket, tensors, stage):
-        order = _take(STALL_TRAINER)
-        if order is not None:
-            Path(STALL_TRAINER + ".fired").write_text(json.dumps({"stage": stage}))
-            os.kill(os.getpid(), signal.SIGSTOP)  # the test sends SIGCONT
-        return _send_bucket(self, bucket, tensors, stage)
+    def _broadcast_with_stall(self, tensor, stage):
+        found = re.search(r"\(version (\d+)\)", stage)
+        armed = Path(STALL_TRAINER)
+        if found and armed.exists():
+            after = json.loads(armed.read_text()).get("after_version", -1)
+            if int(found.group(1)) > after and _take(STALL_TRAINER) is not None:
+                _announce(STALL_TRAINER, json.dumps({"stage": stage}))
+                os.kill(os.getpid(), signal.SIGSTOP)  # the test sends SIGCONT
+        return _broadcast_flat(self, tensor, stage)
 
-    _broadcast.WeightBroadcastGroup.send_bucket = _send_bucket_with_stall
+    _broadcast.WeightBroadcastGroup.broadcast = _broadcast_with_stall
