@@ -156,7 +156,8 @@ class ModelScorer:
                 continue
             logit = row[self.cfg.label]
             score = 1.0 / (1.0 + math.exp(-logit)) if self.cfg.transform is ScoreTransform.sigmoid else logit
-            results.append(self._scored(score, per_answer_s, f"logit {logit:.4g}"))
+            # 9 significant digits: the served float32 logit exactly (a float32 round-trips at 9)
+            results.append(self._scored(score, per_answer_s, f"logit {logit:.9g}"))
         return results
 
     async def _judge(self, ids: list[int], response: str) -> RewardResult:
