@@ -94,6 +94,9 @@ class ControllerService(WeightUpdateSteps):
         self.clock = time.monotonic  # the health grace's clock (a test steps its own)
         self._updating = False  # a weight update is under way (servers paused)
         self.decode_raw = None
+        # what evaluations score with: the verifier where a reward model trains the policy
+        # (reward.source=model), so held-out accuracy is the checker's; None: the training scorer
+        self.eval_scorer = None
         # the colocated schedule: the servers free their GPU memory while the trainer steps
         self.memory = ServerMemory(
             controller, pool, orchestrator, self._busy, enabled=release_memory_while_training
@@ -296,15 +299,16 @@ class ControllerService(WeightUpdateSteps):
             tag=f"{kind}-v{version}", concurrency=self.eval_concurrency,
             dump=self.dump_samples, decode_raw=self.decode_raw, episode=self.ctl.eval_episodes(self.eval_path),
         )  # fmt: skip
+        scorer = self.eval_scorer or self.ctl.scorer
         sampled = await evaluate(
-            self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
+            self.eval_path, scorer, self.eval_prompts, self.ctl.decode,
             sampling=self.ctl.sampling,  # the training samples' settings and stop conditions
             samples_per_problem=self.eval_samples, ks=(self.eval_k,), **common,
         )  # fmt: skip
         await self._send(eval_result(version, kind, sampled, self.eval_k))
         common["tag"] = f"{kind}-greedy-v{version}"
         greedy = await evaluate(
-            self.eval_path, self.ctl.scorer, self.eval_prompts, self.ctl.decode,
+            self.eval_path, scorer, self.eval_prompts, self.ctl.decode,
             sampling=dataclasses.replace(self.ctl.sampling, temperature=0.0, top_p=1.0), **common,
         )  # fmt: skip
         await self._send(eval_result(version, f"{kind}_greedy", greedy, 1))
