@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import struct
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ from areal_jobs.config import (
     load_job_config,
 )
 from areal_jobs.logs import setup_logging
-from areal_jobs.rollout.server import start_server
+from areal_jobs.rollout.server import forward_stop_signals, start_server
 from areal_jobs.transport import discovery
 
 logger = logging.getLogger("areal_jobs.rollout.reward_server")
@@ -153,17 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         str(Path(model.path).resolve()), host, port, token, rollout, model,
         run_dir / "logs" / f"reward-{rollout.engine.value}-{args.index}.log", seed=cfg.trainer.seed,
     )  # fmt: skip
-    received: list[int] = []
-
-    def forward(signum, _frame):
-        received.append(signum)  # only signal here, as server.py: waiting would deadlock
-        try:
-            os.killpg(server.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    received = forward_stop_signals(server)
     folder = discovery.REWARD_SERVERS
     try:
         server.wait_healthy(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
