@@ -7,7 +7,7 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install system-packages run test test-repeat test-gpu test-unit lint format bench bench-gpu gpu-wheels ablate clean ci warmstart warmstart-countdown vllm-venv eval scale
+.PHONY: install system-packages run test test-repeat test-gpu test-unit lint format bench bench-gpu gpu-wheels ablate clean ci warmstart warmstart-countdown reward-model vllm-venv eval scale
 # rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
 NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
 
@@ -58,6 +58,11 @@ warmstart: install
 # Rebuild the committed countdown warm start (make run EXP=countdown; data/countdown_model.py).
 warmstart-countdown: install
 	$(PY) -m areal_jobs.data.countdown_model --out areal_jobs/data/builtin_model_countdown
+
+# Rebuild the committed built-in reward model (a classifier of answer correctness, trained on the
+# built-in policy's own sampled answers labelled by the verifier; ~15 min on 2 cores).
+reward-model: install
+	$(PY) -m areal_jobs.data.reward_model --out areal_jobs/data/builtin_reward_model
 
 # CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
 # TEST_WORKERS pytest-xdist workers (tests/conftest.py groups the tests that share a server or the

@@ -28,6 +28,15 @@ class RewardStatus(enum.Enum):
     # The grader itself is broken for this reference (its test does not compile, its prompt lacks
     # the entry point): says nothing about the response, so never count it as a wrong answer.
     grader_error = "grader_error"
+    # The reward model gave no usable score: no answer by its deadline, a transport or server
+    # error, an unparseable verdict. Says nothing about the response: the sample is counted and
+    # left out of training (trainer/batch.py), never scored as a 0.
+    model_error = "model_error"
+
+
+# Samples with these statuses have no reward: trainer/batch.py leaves them out of the group's
+# advantages and of the loss.
+UNSCORED_STATUSES = frozenset({RewardStatus.model_error.value})
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +46,7 @@ class RewardRequest:
     task: str
     response: str
     reference: str  # gold answer, or a JSON test spec for code tasks
+    prompt: str = ""  # the prompt as the policy saw it: what a reward model or judge reads with the response
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,26 @@ class RewardScorer(Protocol):
     async def score_group(self, requests: Sequence[RewardRequest]) -> list[RewardResult]: ...
 
     def metrics(self) -> dict[str, float]: ...
+
+
+class ScoringClient(Protocol):
+    """One reward-model server (reward.model.*), whatever the engine: rollout/reward_client.py.
+    Both calls are reads, repeated after a transient failure up to the client's deadline; a
+    failure that outlives it raises (the scorer turns it into RewardStatus.model_error)."""
+
+    name: str
+
+    async def classify(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        """A discriminative model's logits (one row per input, one value per label)."""
+        ...
+
+    async def judge(self, rid: str, input_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """A generative judge's greedy verdict (its token ids) for one rendered prompt."""
+        ...
+
+    async def health(self) -> Health: ...
+
+    async def close(self) -> None: ...
 
 
 # ------------------------------------------------------------------------------------ rollout
@@ -272,6 +302,7 @@ class TrainBatch:
     samples: list[TrainSample]
     group_ids: list[str]
     filtered_group_ids: list[str] = field(default_factory=list)  # uniform rewards, no signal
+    unscored_samples: int = 0  # left out: their reward failed (UNSCORED_STATUSES)
     max_new_tokens: int = 0  # the rollout's length cap: algo.loss_agg=seq_mean_token_sum_norm divides by it
 
     @property

@@ -12,9 +12,10 @@ halves and meta.json are on disk. A crash while saving leaves the previous one i
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
+
+from areal_jobs.atomic import write_atomic
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
@@ -44,13 +45,8 @@ def read_meta(folder: Path) -> dict:
 
 def commit(run_dir: Path, folder: Path, meta: dict, keep_last: int) -> None:
     """Write meta.json, then point `latest` at `folder`, then prune older checkpoints."""
-    tmp = folder / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, folder / "meta.json")
-    pointer = checkpoints_dir(run_dir) / "latest"
-    tmp_pointer = pointer.with_name("latest.tmp")
-    tmp_pointer.write_text(folder.name)
-    os.replace(tmp_pointer, pointer)
+    write_atomic(folder / "meta.json", json.dumps(meta, indent=2))
+    write_atomic(checkpoints_dir(run_dir) / "latest", folder.name)
     done = sorted(p for p in checkpoints_dir(run_dir).glob("step_*") if (p / "meta.json").exists())
     for old in done[: max(0, len(done) - max(keep_last, 1))]:
         if old != folder:
@@ -63,7 +59,5 @@ def truncate_jsonl(path: Path, step: int) -> int:
         return 0
     rows = [line for line in path.read_text().splitlines() if line.strip()]
     kept = [line for line in rows if json.loads(line)["step"] <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(line + "\n" for line in kept))
     return len(rows) - len(kept)

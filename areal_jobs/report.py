@@ -108,6 +108,76 @@ def plot_run(run_dir: Path, summary: dict | None = None) -> Path | None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    if any("reward/model_judged" in r for r in rows):
+        plot_reward_model(run_dir, rows)
+    return out
+
+
+def reward_model_windows(rows: list[dict], window: int = 5) -> list[dict[str, float]]:
+    """Per training step, over the answers scored in the last `window` steps' worth of rollout
+    stats (reward/combined.py's cumulative counts, differenced): the reward model's mean score,
+    the verifier's accuracy on the same answers, the model's agreement with it and its exploit
+    rate (of the answers the model calls right, the share the verifier says are wrong)."""
+    stats = [r for r in rows if "reward/model_judged" in r and "train/version" in r]
+    out = []
+    for i in range(window, len(stats)):
+        a, b = stats[i - window], stats[i]
+
+        def delta(key: str, a=a, b=b) -> float:
+            return b.get(key, 0.0) - a.get(key, 0.0)
+
+        judged = delta("reward/model_judged")
+        if judged <= 0:
+            continue
+        out.append(
+            {
+                "step": b["step"],
+                "model_score": delta("reward/model_judged_score_sum") / judged,
+                "verifier_accuracy": delta("reward/verifier_correct")
+                / max(delta("reward/verifier_answers"), 1.0),
+                "agreement": delta("reward/model_agreed") / judged,
+                "exploit_rate": delta("reward/model_exploited") / max(delta("reward/model_positive"), 1.0),
+            }
+        )
+    return out
+
+
+def plot_reward_model(run_dir: Path, rows: list[dict]) -> Path | None:
+    """reward_model.png: a policy trained on a reward model's score, against the verifier. The
+    model's mean score and the verifier's accuracy on the same training answers, the exploit rate,
+    and the held-out accuracy by the verifier: where the score rises and the verifier's accuracy
+    does not, the policy has learned to please the model."""
+    import matplotlib.pyplot as plt
+
+    windows = reward_model_windows(rows)
+    if not windows:
+        return None
+    steps = [w["step"] for w in windows]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(steps, [w["model_score"] for w in windows], label="reward-model score (training answers)")
+    ax.plot(steps, [w["verifier_accuracy"] for w in windows], label="verifier accuracy (same answers)")
+    ax.plot(
+        steps,
+        [w["exploit_rate"] for w in windows],
+        "--",
+        label="exploit rate: model says right, verifier wrong",
+    )
+    held = [
+        (r.get("eval/greedy_version", r["step"]), r["eval/greedy_accuracy"])
+        for r in rows
+        if "eval/greedy_accuracy" in r
+    ]
+    if held:
+        ax.plot(*zip(*held), "s:", label="held-out accuracy (greedy, verifier)")
+    ax.set_xlabel("training step")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(f"{run_dir.name}: reward model vs verifier (windows of 5 steps)")
+    out = run_dir / "reward_model.png"
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
     return out
 
 

@@ -7,7 +7,8 @@
 Sections (each a module with run(quick) -> dict[str, float] of flat `a/b` metrics):
 packing, controller (ceiling + ZeroMQ), weight_sync, pause (abort / in_place / drain),
 weight_delta (full copy vs delta by phase on bf16 SGLang and vLLM; bf16 values changed per step),
-reward_overhead (rewards on vs off), e2e (async per pause mode vs sync vs colocated sync, 3 interleaved
+reward_overhead (rewards on vs off), reward_model (reward-model answers/s per server, batch 16 vs 1),
+e2e (async per pause mode vs sync vs colocated sync, 3 interleaved
 rounds: medians and spreads, per-step breakdown, load), reward (rewards/s),
 sandbox (code rewards/s by sandbox mode: root netns vs unprivileged userns),
 trainer (torch vs Megatron tokens/s), trainer_memory (peak memory and tokens/s at 2k-32k tokens
@@ -57,6 +58,8 @@ SECTIONS: list[tuple[str, str, bool]] = [
     ("weight_delta", "bench.weight_delta_bench", False),
     ("e2e", "bench.e2e_bench", False),
     ("reward", "bench.reward_bench", False),
+    # reward-model answers/s per server (reward.model.answers_per_s for the planner), batched vs not
+    ("reward_model", "bench.reward_model_bench", False),
     ("sandbox", "bench.sandbox_bench", False),  # code rewards/s: netns (root) vs userns (as nobody)
     ("trainer", "bench.trainer_bench", False),
     # peak memory and tokens/s per micro-batch size, before/after, beside the memory model (issue 25)

@@ -77,6 +77,8 @@ HEADLINE: list[tuple[str, str, str, str]] = [
     ("reward", "reward/math_per_s", "rewards/s: math (numeric)", "{:,.0f}"),
     ("reward", "reward/math_symbolic_per_s", "rewards/s: math (symbolic)", "{:,.1f}"),
     ("reward", "reward/code_per_s", "rewards/s: code (sandboxed)", "{:,.1f}"),
+    ("reward_model", "reward_model/answers_per_s", "reward-model answers/s per server (batch 16)", "{:,.1f}"),
+    ("reward_model", "reward_model/batching_gain", "reward-model answers/s, batch 16 / batch 1", "{:.2f}x"),
     ("trainer", "trainer/torch_tokens_per_s", "trainer tokens/s: torch backend", "{:,.0f}"),
     ("trainer", "trainer/megatron_tokens_per_s", "trainer tokens/s: Megatron (CPU, TP=1)", "{:,.0f}"),
     (

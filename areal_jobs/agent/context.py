@@ -176,8 +176,11 @@ class EpisodeContext:
     async def score(self, text: str) -> RewardResult:
         """`text` scored by the prompt's reward task against its reference (the reward service)."""
         result = await self._services.score(
-            RewardRequest(self.prompt.reward_task, text, self.prompt.reference)
-        )
+            RewardRequest(
+                self.prompt.reward_task, text, self.prompt.reference,
+                prompt=self._services.text.decode_raw(self.prompt.input_ids),
+            )
+        )  # fmt: skip
         self.reward_status = result.status.value
         return result
 

@@ -25,7 +25,14 @@ from areal_jobs.config.job import (
 )
 from areal_jobs.config.keys import check_override_keys, closest_key, schema_keys, unknown_keys
 from areal_jobs.config.lora import LoraConfig, LoraFinal, LoraShip
-from areal_jobs.config.reward import NetworkIsolation, RewardConfig
+from areal_jobs.config.reward import NetworkIsolation, RewardConfig, RewardSource
+from areal_jobs.config.reward_model import (
+    RewardModelConfig,
+    RewardModelInput,
+    RewardModelKind,
+    ScoreTransform,
+    VerdictParser,
+)
 from areal_jobs.config.rollout import (
     PauseMode,
     RolloutConfig,
@@ -71,6 +78,12 @@ __all__ = [
     "PauseMode",
     "Recompute",
     "RewardConfig",
+    "RewardModelConfig",
+    "RewardModelInput",
+    "RewardModelKind",
+    "RewardSource",
+    "ScoreTransform",
+    "VerdictParser",
     "RolloutConfig",
     "RolloutEngine",
     "LoggingConfig",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -44,6 +45,12 @@ class ClusterConfig:
     # A string so that "auto" is accepted; numbers are normalised and checked in __post_init__.
     rollout_fraction: str = "0.75"
     placement: Placement = Placement.auto  # whole nodes, a GPU-level split, or colocated (see Placement)
+    # reward-model servers (reward.source=model|combined) on nodes of their own: the third component
+    # of the heterogeneous job (whole nodes). cluster.reward_nodes > 0 wins; else
+    # floor(nodes * reward_fraction), at least one node when the fraction is > 0. The rollout
+    # fraction then splits the nodes left (launch/planning/plan.py)
+    reward_fraction: float = 0.0
+    reward_nodes: int = 0
     allocation_profile: str = "paper_1p5b"  # conf/sim/<name>.yaml (or a path) used by rollout_fraction=auto
     servers_per_node: int = 0  # rollout servers per node; 0 = gpus_per_node / rollout.tp_size
     partition: str = ""  # --partition; empty = the cluster's default partition
@@ -99,6 +106,16 @@ class ClusterConfig:
         if not 0 < self.master_port < 65536:
             raise ValueError("cluster.master_port must be a TCP port in [1, 65535]")
         self._check_autoscale()
+        if not 0.0 <= self.reward_fraction < 1.0 or self.reward_nodes < 0:
+            raise ValueError(
+                "cluster.reward_fraction must be in [0, 1) and cluster.reward_nodes >= 0, "
+                "e.g. cluster.reward_nodes=2 (0 and 0: no reward-model nodes)"
+            )
+        if self.reward_share_nodes() and self.reward_share_nodes() > self.nodes - 2:
+            raise ValueError(
+                f"cluster.reward_nodes / cluster.reward_fraction leave too few of cluster.nodes={self.nodes} "
+                "for the rollout servers and the trainer (one node each at least): lower them"
+            )
         bad = [key for key in self.nccl_env if not _ENV_NAME.match(key)]
         if bad:
             raise ValueError(f"cluster.nccl_env has keys that are not environment variable names: {bad}")
@@ -117,6 +134,14 @@ class ClusterConfig:
                 "cluster.autoscale=true needs a ceiling: set cluster.autoscale_max_nodes=N "
                 "(rollout nodes; rollout servers on cluster=local)"
             )
+
+    def reward_share_nodes(self) -> int:
+        """Nodes of the reward-model servers: cluster.reward_nodes, else the fraction's (0 = none)."""
+        if self.reward_nodes:
+            return self.reward_nodes
+        if not self.reward_fraction:
+            return 0
+        return max(1, math.floor(self.nodes * self.reward_fraction + 1e-9))
 
     @property
     def rollout_fraction_auto(self) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from areal_jobs.config.reward_model import RewardModelConfig
 
 
 class NetworkIsolation(enum.Enum):
@@ -16,9 +18,20 @@ class NetworkIsolation(enum.Enum):
     none = "none"  # weak, explicit opt-in only: rlimits, scrubbed env, process-group kill
 
 
+class RewardSource(enum.Enum):
+    """What the training reward is made of (reward/combined.py)."""
+
+    verifier = "verifier"  # the task's checker alone (math verifier, code sandbox): the default
+    # the reward model alone (tasks without a checker); where the task has one, it still runs,
+    # for the reward/verifier_* metrics only: how far the policy exploits the model
+    model = "model"
+    # verifier_weight * verifier reward + model_weight * model score
+    combined = "combined"
+
+
 @dataclass
 class RewardConfig:
-    """Reward workers: verifiers and the code sandbox."""
+    """Reward workers: verifiers and the code sandbox; the reward model (reward.model.*)."""
 
     num_workers: int = 2  # process-pool size
     timeout_s: float = 30.0  # one reward call, sandbox included
@@ -41,10 +54,26 @@ class RewardConfig:
     code_sandbox_gid: int = 65534  # gid programs run as when we are root (nogroup)
     code_tmpfs_mb: int = 64  # namespace mode: size cap of the program's private writable work dir
     code_python: str = ""  # interpreter for programs (run -I -S: stdlib only); empty = the worker's
+    source: RewardSource = RewardSource.verifier
+    verifier_weight: float = 1.0  # reward.source=combined
+    model_weight: float = 1.0  # reward.source=combined
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError("reward.num_workers must be >= 1")
+        if self.source is not RewardSource.verifier and not self.model.path:
+            raise ValueError(
+                f"reward.source={self.source.value} needs a reward model: set reward.model.path "
+                "(e.g. reward.model.path=areal_jobs/data/builtin_reward_model)"
+            )
+        if self.source is RewardSource.combined and (
+            self.verifier_weight < 0 or self.model_weight < 0 or self.verifier_weight + self.model_weight == 0
+        ):
+            raise ValueError(
+                "reward.source=combined needs reward.verifier_weight and reward.model_weight >= 0, "
+                "not both 0 (reward.source=verifier or =model for one source alone)"
+            )
         if self.code_sandbox_uid == 0 or self.code_sandbox_gid == 0:
             raise ValueError(
                 "reward.code_sandbox_uid/gid=0 would run untrusted code as root: "

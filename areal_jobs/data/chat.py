@@ -79,6 +79,20 @@ def special_tokens(model_dir: str | Path) -> dict[str, str]:
     return out
 
 
+def chat_renderer(model_dir: str | Path, add_generation_prompt: bool):
+    """messages -> text through the tokenizer's own chat template (None: it has none). For a
+    reward model or judge reading a conversation (rollout/reward_client.py)."""
+    source = read_chat_template(model_dir)
+    if source is None:
+        return None
+    template, specials = _compile(source), special_tokens(model_dir)
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **specials)
+
+    return render
+
+
 def _compile(source: str):
     """A sandboxed Jinja template with the environment transformers gives chat templates."""
     from jinja2.exceptions import TemplateError

@@ -77,6 +77,9 @@ CONTROL_CALLS: tuple[ControlCall, ...] = (
     ControlCall("/sleep", Repeat.once, "as /release_memory_occupation (vLLM)"),
     ControlCall("/wake_up", Repeat.once, "as /resume_memory_occupation (vLLM)"),
     ControlCall("/freeze_gc", Repeat.safe, "start-up optimisation, once after the server is healthy"),
+    # reward-model servers (reward.model.*; rollout/reward_client.py): both only read
+    ControlCall("/classify", Repeat.safe, "reward model: scores a batch of answers and changes nothing; a late copy's answer is dropped"),
+    ControlCall("/generate#judge", Repeat.safe, "a judge's greedy verdict (temperature 0) is a read, not a training sample: a repeat goes out under a fresh request id and a late answer is dropped"),
     # vLLM's weight-update stages run methods of our worker extension (rollout/vllm_worker.py)
     # through one route, /collective_rpc; each method is classified on its own
     ControlCall("/collective_rpc#areal_init_group", Repeat.once, f"vLLM group rendezvous: {_UPDATE_AGAIN}"),

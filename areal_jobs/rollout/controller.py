@@ -25,7 +25,7 @@ import numpy as np
 from areal_jobs.agent import registry, single_turn
 from areal_jobs.agent.context import EpisodeContext, EpisodeServices, EpisodeText, ToolRunner, run_episode
 from areal_jobs.agent.episode import EpisodeState as SampleState
-from areal_jobs.api import RewardRequest, RewardResult, RewardScorer
+from areal_jobs.api import UNSCORED_STATUSES, RewardRequest, RewardResult, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
 from areal_jobs.data.staleness import StalenessManager, may_push
@@ -198,9 +198,12 @@ class RolloutController:
             )
             t_gen = time.monotonic()
             pending = [s for s in states if not s.done]
+            prompt_text = self.episode_services.text.decode_raw(prompt.input_ids)  # what a reward model reads
             results = await self.scorer.score_group(
                 [
-                    RewardRequest(prompt.reward_task, self.decode(s.output_ids), prompt.reference)
+                    RewardRequest(
+                        prompt.reward_task, self.decode(s.output_ids), prompt.reference, prompt_text
+                    )
                     for s in pending
                 ]
             )
@@ -220,7 +223,8 @@ class RolloutController:
             reward_time_s=time.monotonic() - t_gen,  # single_turn; other workflows score inside gen_time_s
             attempt=attempt,
         )
-        if self.algo.filter_uniform_groups and len({s.reward for s in samples}) == 1:
+        scored = {s.reward for s in samples if s.reward_status not in UNSCORED_STATUSES}
+        if self.algo.filter_uniform_groups and len(scored) <= 1:
             self._discard(group_id)
             return
         self.counters.discards_in_a_row = 0

@@ -121,7 +121,7 @@ async def evaluate_problems(
     version_before = path.version()
     await asyncio.gather(*(one(p, s) for p, row in zip(prompts, states) for s in row))
     requests = [
-        RewardRequest(p.reward_task, decode(s.output_ids), p.reference)
+        RewardRequest(p.reward_task, decode(s.output_ids), p.reference, (decode_raw or decode)(p.input_ids))
         for p, row in zip(prompts, states)
         for s in row
     ]

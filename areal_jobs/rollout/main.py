@@ -20,13 +20,14 @@ from pathlib import Path
 from areal_jobs.agent.context import EpisodeText
 from areal_jobs.agent.tools import Toolbox
 from areal_jobs.checkpoint import latest_checkpoint
-from areal_jobs.config import JobConfig, load_job_config
+from areal_jobs.config import JobConfig, RewardSource, load_job_config
 from areal_jobs.data.prompts import describe_first_prompt, load_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.engines import control_retry
 from areal_jobs.rollout.engines import make_client as engine_client
+from areal_jobs.rollout.reward_client import build_model_scorer
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.service import ControllerService
 from areal_jobs.rollout.snapshot import load_snapshot
@@ -73,8 +74,12 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     pool = ServerPool(cfg.rollout.tp_size)
     for rec in records:
         pool.add(rec.index, make_client(rec), cfg.rollout.tp_size)
-    scorer = RewardService(cfg.reward)
-    scorer.start()
+    verifier = RewardService(cfg.reward)
+    verifier.start()
+    scorer, eval_scorer, scoring_pool = verifier, None, None
+    if cfg.reward.source is not RewardSource.verifier:
+        scorer, scoring_pool = build_model_scorer(cfg, run_dir, token, verifier, start_s)
+        eval_scorer = verifier  # held-out accuracy stays the checker's
     host = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
     ports = _controller_ports(cfg, run_dir, host)
     channel = ControllerChannel(host, ports[0], ports[1], token)
@@ -85,7 +90,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         decode=tokenizer.decode, push=channel.push_group, stop_token_ids=tokenizer.stop_token_ids,
         text=EpisodeText(tokenizer.encode, tokenizer.decode, tokenizer.decode_raw, prompts.format.message_texts),
         max_context_tokens=_context_tokens(model_dir),
-        call_tool=Toolbox(scorer, cfg.rollout.workflow.tool_timeout_s, cfg.rollout.workflow.tool_output_chars).call,
+        call_tool=Toolbox(verifier, cfg.rollout.workflow.tool_timeout_s, cfg.rollout.workflow.tool_output_chars).call,
     )  # fmt: skip
     orchestrator = WeightUpdateOrchestrator(
         pool, cfg.rollout.pause_mode, cfg.weight_sync.step_timeout_s, cfg.control.call_deadline_s
@@ -101,6 +106,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         release_memory_while_training=cfg.rollout.release_memory_while_training,
         update_deadline_s=cfg.control.update_deadline_s, health_grace_s=cfg.control.health_grace_s,
     )  # fmt: skip
+    service.eval_scorer = eval_scorer
     if cfg.run.samples_every_steps > 0:
         service.dump_samples = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print).write
         service.decode_raw = tokenizer.decode_raw
@@ -118,7 +124,9 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
         _write_final_state(run_dir, controller)
         return code
     finally:
-        scorer.close()
+        verifier.close()
+        if scoring_pool is not None:
+            await scoring_pool.close()
         channel.close()
         for slot in pool.slots.values():
             await slot.client.close()

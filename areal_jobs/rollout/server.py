@@ -268,6 +268,24 @@ def start_server(
     )
 
 
+def forward_stop_signals(server) -> list[int]:
+    """SIGTERM and SIGINT to this process stop the engine's process group (SIGTERM); returns the
+    list the handler appends each signal to (an exit code of 128 + the first one says why)."""
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        # only signal here: waiting inside a handler would deadlock with the main thread's wait()
+        received.append(signum)
+        try:
+            os.killpg(server.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return received
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -290,18 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=cfg.trainer.seed + args.index,
     )  # fmt: skip
 
-    received: list[int] = []
-
-    def forward(signum, _frame):
-        # only signal here: waiting inside a handler would deadlock with the main thread's wait()
-        received.append(signum)
-        try:
-            os.killpg(server.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    received = forward_stop_signals(server)
     try:
         server.wait_healthy(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
         discovery.register_server(run_dir, args.index, host, port, server.process.pid)

@@ -15,7 +15,6 @@ of the stream before `stream_position` is trained, in a saved group, or in a sav
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from areal_jobs.agent.episode import EpisodeState
+from areal_jobs.atomic import write_atomic
 from areal_jobs.transport import codec
 from areal_jobs.transport import messages as m
 
@@ -77,14 +77,14 @@ def save_snapshot(snap: ControllerSnapshot, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     meta = {k: v for k, v in asdict(snap).items() if k != "retained"}
     meta["snapshot_version"] = SNAPSHOT_VERSION
-    _atomic_write(folder / "controller.json", json.dumps(meta).encode())
+    write_atomic(folder / "controller.json", json.dumps(meta), durable=True)
     chunks = []
     for group in snap.retained:
         frames = codec.encode_group(group, _DISK_TOKEN)
         chunks.append(struct.pack("<I", len(frames)))
         for frame in frames:
             chunks += [struct.pack("<Q", len(frame)), frame]
-    _atomic_write(folder / "groups.bin", b"".join(chunks))
+    write_atomic(folder / "groups.bin", b"".join(chunks), durable=True)
 
 
 def load_snapshot(folder: Path) -> ControllerSnapshot:
@@ -107,12 +107,3 @@ def load_snapshot(folder: Path) -> ControllerSnapshot:
             offset += size
         retained.append(codec.decode_group(frames, _DISK_TOKEN))
     return ControllerSnapshot(partial=partial, requeued=requeued, retained=retained, **meta)
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

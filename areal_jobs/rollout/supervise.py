@@ -1,6 +1,8 @@
 """One rollout server under a restart policy, as the SLURM job runs each server task:
 
-    python -m areal_jobs.rollout.supervise --config RUN_DIR/config.yaml --index I
+    python -m areal_jobs.rollout.supervise --config RUN_DIR/config.yaml --index I [--reward]
+
+(`--reward`: a reward-model server, areal_jobs/rollout/reward_server.py, under the same policy.)
 
 A server that dies (an OOM, an engine crash, kill -9) is started again in place after a backoff
 (1, 2, 4, ... 30 s), at most rollout.max_server_restarts times, and rejoins the pool with the
@@ -73,8 +75,10 @@ class Supervisor:
                 return 0
 
 
-def server_command(config: str, index: int) -> list[str]:
-    return [sys.executable, "-m", "areal_jobs.rollout.server", "--config", config, "--index", str(index)]
+def server_command(config: str, index: int, reward: bool = False) -> list[str]:
+    """`reward`: a reward-model server (reward_server.py), supervised the same way."""
+    module = "areal_jobs.rollout.reward_server" if reward else "areal_jobs.rollout.server"
+    return [sys.executable, "-m", module, "--config", config, "--index", str(index)]
 
 
 def main(argv: list[str] | None = None, command: list[str] | None = None) -> int:
@@ -82,11 +86,12 @@ def main(argv: list[str] | None = None, command: list[str] | None = None) -> int
     parser = argparse.ArgumentParser(prog="python -m areal_jobs.rollout.supervise")
     parser.add_argument("--config", required=True)
     parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--reward", action="store_true", help="a reward-model server (reward.model.*)")
     args = parser.parse_args(argv)
     cfg = load_job_config(args.config)
     setup_logging(f"supervise{args.index}")
     supervisor = Supervisor(
-        command or server_command(args.config, args.index), cfg.rollout.max_server_restarts
+        command or server_command(args.config, args.index, args.reward), cfg.rollout.max_server_restarts
     )
     signal.signal(signal.SIGTERM, supervisor.on_sigterm)
     return supervisor.run()

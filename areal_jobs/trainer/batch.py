@@ -4,6 +4,9 @@ Pure: numpy only. The backends turn `TrainBatch` into packed tensors.
 Per sample: input_ids [L] = prompt [p] + output [n]; behav_logprobs and versions are [n].
 A multi-turn episode's output holds environment tokens too: its loss mask (1 on model tokens) is
 ANDed with the truncation mask (algo.mask_truncated), so only the model's own tokens train.
+A sample without a reward (api.UNSCORED_STATUSES: the reward model failed) is left out: of its
+group's advantages (the baseline is the scored samples') and of the batch; a group with no scored
+sample is filtered.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from areal_jobs.api import TrainBatch, TrainSample
+from areal_jobs.api import UNSCORED_STATUSES, TrainBatch, TrainSample
 from areal_jobs.config import AlgoConfig
 from areal_jobs.data.staleness import is_fresh
 from areal_jobs.trainer.advantages import (
@@ -46,9 +49,11 @@ def assemble(
     for g in groups:
         if not is_fresh(g.oldest_version, trainer_version, algo.max_staleness):
             raise AssertionError(f"group {g.group_id} is stale; split_fresh must run first")
-        rewards = np.array([s.reward for s in g.samples], dtype=np.float64)
+        scored = [s for s in g.samples if s.reward_status not in UNSCORED_STATUSES]
+        batch.unscored_samples += len(g.samples) - len(scored)
+        rewards = np.array([s.reward for s in scored], dtype=np.float64)
         batch.group_ids.append(g.group_id)
-        if algo.filter_uniform_groups and is_uniform(rewards):
+        if not scored or (algo.filter_uniform_groups and is_uniform(rewards)):
             # the controller already replaces these (dynamic sampling); restored groups land here
             batch.filtered_group_ids.append(g.group_id)
             continue
@@ -57,7 +62,7 @@ def assemble(
             rewards
             - [
                 overlong_penalty(s.num_tokens, max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
-                for s in g.samples
+                for s in scored
             ],
             algo.reward_scaling,
             algo.reward_bias,
@@ -65,7 +70,7 @@ def assemble(
         )
         advantages = group_advantages(shaped, algo.advantage, algo.adv_std, algo.adv_eps)
         prompt = g.prompt_ids.astype(np.int64)
-        for s, adv, reward in zip(g.samples, advantages, shaped, strict=True):
+        for s, adv, reward in zip(scored, advantages, shaped, strict=True):
             if s.num_tokens == 0:
                 continue  # nothing to train on (e.g. the server stopped immediately)
             truncated = algo.mask_truncated and s.finish_reason == "length"

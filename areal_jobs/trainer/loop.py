@@ -229,6 +229,14 @@ class TrainLoop:
             "episode/turns": float(np.mean([s.num_turns for s in samples])),
             "episode/tool_calls": float(np.mean([s.num_tool_calls for s in samples])),
             "batch/filtered_groups": float(len(batch.filtered_group_ids)),
+            "batch/unscored_samples": float(batch.unscored_samples),
+            # how long a group waited for its rewards after its answers were generated, and that
+            # wait's share of the group's time (single_turn; other workflows score inside gen_time_s)
+            "timing/reward_wait_s": float(np.mean([g.reward_time_s for g in groups])),
+            "timing/reward_wait_share": float(
+                sum(g.reward_time_s for g in groups)
+                / max(sum(g.gen_time_s + g.reward_time_s for g in groups), 1e-9)
+            ),
             "batch/trained_sequences": float(len(batch.samples)),
         }
 

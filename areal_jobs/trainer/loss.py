@@ -35,7 +35,7 @@ from areal_jobs.config.algo import (
     LossAgg,
     ProxLogp,
 )
-from areal_jobs.trainer.loss_stats import LossStats, offpolicy_stats
+from areal_jobs.trainer.loss_stats import LossStats, offpolicy_from_host, offpolicy_sums
 
 __all__ = ["LossStats", "kl_estimate", "loglinear_prox_logp", "ppo_loss", "pre_step_logp", "token_weights"]
 
@@ -216,9 +216,10 @@ def ppo_loss(
 
     with torch.no_grad():
         counts = _per_seq(mask, seq_index, num_seqs)
-        # one device-to-host copy for all the sums (a float() each would synchronise each time)
+        # one device-to-host copy for all the sums, the offpolicy ones included (a float() each
+        # would synchronise each time)
         entropy_t = entropy.detach().to(dtype) if entropy is not None else torch.zeros_like(mask)
-        values = torch.stack(
+        sums = torch.stack(
             [
                 mask.sum(), (counts > 0).to(dtype).sum(), ((pg_clipped > pg_plain).to(dtype) * mask).sum(),
                 (dual * mask).sum(), (ratio * mask).sum(), (behav_weight * mask).sum(),
@@ -226,14 +227,18 @@ def ppo_loss(
                 (log_w.abs() * mask).sum(), ((behav_weight - 1 - log_w) * mask).sum(), affected.sum(),
                 (_per_seq(affected, seq_index, num_seqs) > 0).to(dtype).sum(),
             ]
-        ).double().cpu().tolist()  # fmt: skip
+        ).double()  # fmt: skip
         names = ("num_tokens", "num_seqs", "clipped_tokens", "dual_clipped_tokens", "ratio_sum",
                  "behav_weight_sum", "approx_kl_sum", "entropy_sum", "kl_ref_sum", "abs_diff_sum",
                  "k3_sum", "affected_tokens", "affected_seqs")  # fmt: skip
-        offpolicy = offpolicy_stats(
+        off = offpolicy_sums(
             pre_logp, behav_logp, advantages, mask, algo.clip_eps, algo.clip_high, BEHAV_LOG_RATIO_BOUND
         )
-        stats = LossStats(**dict(zip(names, values, strict=True)), **offpolicy)
+        values = (sums if off is None else torch.cat([sums, off])).cpu().numpy()
+        offpolicy = {} if off is None else offpolicy_from_host(values[len(names) :])
+        stats = LossStats(
+            **{n: float(v) for n, v in zip(names, values[: len(names)], strict=True)}, **offpolicy
+        )
     return loss, stats
 
 

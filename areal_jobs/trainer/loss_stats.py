@@ -148,7 +148,14 @@ def hist_quantile(hist: np.ndarray, q: float) -> float:
     return float(HIST_EDGES[min(index, HIST_BINS - 1) + 1])
 
 
-def offpolicy_stats(
+OFFPOLICY_SUM_NAMES = (
+    "pre_tokens", "pre_pos_tokens", "pre_neg_tokens", "preclip_tokens", "preclip_pos_tokens",
+    "preclip_neg_tokens", "preclip_cut_tokens", "pre_k3_sum", "pre_abs_log_w_sum", "pre_w_sum",
+    "pre_w_sq_sum", "pre_abs_log_w_max",
+)  # fmt: skip
+
+
+def offpolicy_sums(
     pre_logp: torch.Tensor | None,
     behav_logp: torch.Tensor,
     advantages: torch.Tensor,
@@ -156,11 +163,13 @@ def offpolicy_stats(
     clip_low: float,
     clip_high: float,
     log_bound: float,
-) -> dict:
-    """The offpolicy/* sums of one micro-batch ({} when π_pre is unknown there). All [T]; mask 1
-    on valid tokens. One device-to-host copy: every sum is stacked before it leaves the device."""
+) -> torch.Tensor | None:
+    """The offpolicy/* sums of one micro-batch as one float64 tensor on the device (None when π_pre
+    is unknown there): OFFPOLICY_SUM_NAMES, then the |log w| histogram. All inputs [T]; mask 1 on
+    valid tokens. It stays on the device so that the caller copies it to the host together with
+    its own sums (ppo_loss: one copy per micro-batch); `offpolicy_from_host` reads it back."""
     if pre_logp is None:
-        return {}
+        return None
     log_w = (pre_logp.detach().double() - behav_logp.detach().double()).clamp(-log_bound, log_bound)
     m = mask.double()
     w = torch.exp(log_w)
@@ -177,11 +186,19 @@ def offpolicy_stats(
     )  # fmt: skip
     valid = abs_log_w[m > 0]
     bins = torch.bucketize(valid, _INNER_EDGES.to(valid.device), right=True)
-    hist = torch.bincount(bins, minlength=HIST_BINS).double()
-    values = torch.cat([sums, hist]).cpu().numpy()
-    names = ("pre_tokens", "pre_pos_tokens", "pre_neg_tokens", "preclip_tokens", "preclip_pos_tokens",
-             "preclip_neg_tokens", "preclip_cut_tokens", "pre_k3_sum", "pre_abs_log_w_sum", "pre_w_sum",
-             "pre_w_sq_sum", "pre_abs_log_w_max")  # fmt: skip
-    out = {name: float(v) for name, v in zip(names, values[: len(names)], strict=True)}
-    out["pre_abs_log_w_hist"] = values[len(names) :].copy()
+    return torch.cat([sums, torch.bincount(bins, minlength=HIST_BINS).double()])
+
+
+def offpolicy_from_host(values: np.ndarray) -> dict:
+    """LossStats fields from `offpolicy_sums`'s tensor once it is on the host."""
+    names = OFFPOLICY_SUM_NAMES
+    out: dict = {name: float(v) for name, v in zip(names, values[: len(names)], strict=True)}
+    out["pre_abs_log_w_hist"] = np.asarray(values[len(names) :], dtype=np.float64).copy()
     return out
+
+
+def offpolicy_stats(*args, **kwargs) -> dict:
+    """`offpolicy_sums` brought to the host on its own ({} when π_pre is unknown): for callers
+    with no sums of their own to copy with it."""
+    sums = offpolicy_sums(*args, **kwargs)
+    return {} if sums is None else offpolicy_from_host(sums.cpu().numpy())

@@ -2,7 +2,8 @@
 
 Each rollout server writes RUN_DIR/servers/<index>.json = {"index", "host", "port"} once it is
 healthy, atomically (write + rename), and removes it on exit. The controller waits for the
-expected number of records. The same mechanism serves local runs and SLURM jobs. A server asked
+expected number of records. The same mechanism serves local runs and SLURM jobs. Reward-model
+servers (reward.model.*) register the same way under RUN_DIR/reward_servers/ (REWARD_SERVERS). A server asked
 to leave the running job gets a RUN_DIR/servers/<index>.drain marker; the controller answers with
 <index>.drained once none of its requests is in flight (launch.scale).
 """
@@ -10,12 +11,13 @@ to leave the running job gets a RUN_DIR/servers/<index>.drain marker; the contro
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from areal_jobs.atomic import write_atomic
 
 
 @dataclass(frozen=True)
@@ -30,20 +32,26 @@ class ServerRecord:
         return f"http://{self.host}:{self.port}"
 
 
-def servers_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "servers"
+SERVERS = "servers"  # rollout servers
+REWARD_SERVERS = "reward_servers"  # reward-model servers
 
 
-def register_server(run_dir: Path, index: int, host: str, port: int, pid: int = 0) -> None:
-    folder = servers_dir(run_dir)
+def servers_dir(run_dir: Path, folder: str = SERVERS) -> Path:
+    return Path(run_dir) / folder
+
+
+def register_server(
+    run_dir: Path, index: int, host: str, port: int, pid: int = 0, folder: str = SERVERS
+) -> None:
+    folder = servers_dir(run_dir, folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{index}.json.tmp"
-    tmp.write_text(json.dumps({"index": index, "host": host, "port": port, "pid": pid}))
-    os.replace(tmp, folder / f"{index}.json")
+    write_atomic(
+        folder / f"{index}.json", json.dumps({"index": index, "host": host, "port": port, "pid": pid})
+    )
 
 
-def unregister_server(run_dir: Path, index: int) -> None:
-    (servers_dir(run_dir) / f"{index}.json").unlink(missing_ok=True)
+def unregister_server(run_dir: Path, index: int, folder: str = SERVERS) -> None:
+    (servers_dir(run_dir, folder) / f"{index}.json").unlink(missing_ok=True)
 
 
 def request_drain(run_dir: Path, index: int) -> None:
@@ -67,9 +75,9 @@ def is_drained(run_dir: Path, index: int) -> bool:
     return (servers_dir(run_dir) / f"{index}.drained").exists()
 
 
-def read_servers(run_dir: Path) -> list[ServerRecord]:
+def read_servers(run_dir: Path, folder: str = SERVERS) -> list[ServerRecord]:
     records = []
-    for path in sorted(servers_dir(run_dir).glob("*.json")):
+    for path in sorted(servers_dir(run_dir, folder).glob("*.json")):
         try:
             raw = json.loads(path.read_text())
             records.append(
@@ -80,17 +88,20 @@ def read_servers(run_dir: Path) -> list[ServerRecord]:
     return sorted(records, key=lambda r: r.index)
 
 
-def wait_for_servers(run_dir: Path, count: int, timeout_s: float, poll_s: float = 0.5) -> list[ServerRecord]:
+def wait_for_servers(
+    run_dir: Path, count: int, timeout_s: float, poll_s: float = 0.5, folder: str = SERVERS
+) -> list[ServerRecord]:
     """Block until `count` servers registered; TimeoutError names how many are missing."""
     deadline = time.monotonic() + timeout_s
     while True:
-        records = read_servers(run_dir)
+        records = read_servers(run_dir, folder)
         if len(records) >= count:
             return records
         if time.monotonic() > deadline:
             seen = sorted(r.index for r in records)
+            kind = "reward-model" if folder == REWARD_SERVERS else "rollout"
             raise TimeoutError(
-                f"only {len(records)}/{count} rollout servers registered in {servers_dir(run_dir)} after "
+                f"only {len(records)}/{count} {kind} servers registered in {servers_dir(run_dir, folder)} after "
                 f"{timeout_s:.0f}s (seen {seen}); check logs/sglang-*.log or raise control.server_start_deadline_s"
             )
         time.sleep(poll_s)
@@ -98,9 +109,10 @@ def wait_for_servers(run_dir: Path, count: int, timeout_s: float, poll_s: float 
 
 def register_controller(run_dir: Path, host: str, traj_port: int, ctrl_port: int) -> None:
     """RUN_DIR/controller.json: where trainers connect (local mode; SLURM passes it by env too)."""
-    tmp = Path(run_dir) / ".controller.json.tmp"
-    tmp.write_text(json.dumps({"host": host, "traj_port": traj_port, "ctrl_port": ctrl_port}))
-    os.replace(tmp, Path(run_dir) / "controller.json")
+    write_atomic(
+        Path(run_dir) / "controller.json",
+        json.dumps({"host": host, "traj_port": traj_port, "ctrl_port": ctrl_port}),
+    )
 
 
 def wait_for_controller(run_dir: Path, timeout_s: float, poll_s: float = 0.5) -> tuple[str, int, int]:

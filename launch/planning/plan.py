@@ -27,6 +27,8 @@ from areal_jobs.config import (
     ClusterConfig,
     JobConfig,
     Placement,
+    RewardConfig,
+    RewardSource,
     RolloutConfig,
     TrainerBackend,
     TrainerConfig,
@@ -39,6 +41,7 @@ from launch.planning.placement import GpuSplit, LayoutError, colocated_schedule,
 DEFAULT_SERVER_BASE_PORT = 30000
 DEFAULT_CONTROLLER_PORT = 29600
 DEFAULT_WEIGHT_SYNC_PORT = 29700
+DEFAULT_REWARD_BASE_PORT = 31000
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,20 @@ class AllocationPlan:
     shared_rollout_gpus: int = 0  # gpus / colocated: rollout GPUs on the trainer's node
     trainer_first_gpu: int = 0  # gpus: the trainer's GPUs on its first node start here
     trainer_tasks_first_node: int = 0  # gpus / colocated: ranks on the first trainer node
+    # the third component (reward.source=model|combined): whole nodes of reward-model servers,
+    # het group 2, one server per reward.model.tp_size GPUs; reward server i on reward_base_port + i
+    reward_nodes: int = 0
+    reward_servers_per_node: int = 0
+    reward_tp: int = 1
+    reward_base_port: int = 0
 
     @property
     def nodes(self) -> int:
-        return self.rollout_nodes + self.trainer_nodes
+        return self.rollout_nodes + self.trainer_nodes + self.reward_nodes
+
+    @property
+    def num_reward_servers(self) -> int:
+        return self.reward_nodes * self.reward_servers_per_node
 
     @property
     def shared_servers(self) -> int:
@@ -120,11 +133,17 @@ class AllocationPlan:
                 f"{self.rollout_gpus} + {self.trainer_gpus}: {servers} on {self.rollout_where()}; "
                 f"{ranks} ({trainer}) on {self.trainer_where()}"
             )
+        reward = ""
+        if self.reward_nodes:
+            reward = (
+                f" + {plural(self.reward_nodes, 'reward node')} ({plural(self.reward_nodes * self.gpus_per_node, 'GPU')}, "
+                f"{plural(self.num_reward_servers, 'reward-model server')} of TP {self.reward_tp})"
+            )
         return (
             f"{plural(self.nodes, 'node')} x {plural(self.gpus_per_node, 'GPU')} = "
             f"{plural(self.rollout_nodes, 'rollout node')} ({plural(self.rollout_gpus, 'GPU')}, {servers}) + "
             f"{plural(self.trainer_nodes, 'trainer node')} ({plural(self.trainer_gpus, 'GPU')}, "
-            f"{plural(self.trainer_world_size, 'rank')}: {trainer})"
+            f"{plural(self.trainer_world_size, 'rank')}: {trainer}){reward}"
         )
 
     @property
@@ -242,6 +261,8 @@ def _check_ports(plan: AllocationPlan, loopback: bool) -> None:
     if loopback:
         for index in range(plan.num_servers):
             named[f"rollout.base_port+{index}"] = plan.server_base_port + index
+        for index in range(plan.num_reward_servers):
+            named[f"reward.model.base_port+{index}"] = plan.reward_base_port + index
     last = plan.server_base_port + plan.num_servers - 1
     if last > 65535:
         raise ValueError(
@@ -261,9 +282,22 @@ def plan_allocation(
     trainer: TrainerConfig,
     algo: AlgoConfig,
     weight_sync: WeightSyncConfig,
+    reward: RewardConfig | None = None,
 ) -> AllocationPlan:
-    """Decide the layout of the heterogeneous job, or raise ValueError naming the override."""
+    """Decide the layout of the heterogeneous job, or raise ValueError naming the override.
+    Reward-model nodes (cluster.reward_nodes / reward_fraction) are set aside first; the rollout
+    fraction splits the nodes left."""
+    reward_nodes, reward_per_node = _reward_layout(cluster, reward)
     servers_per_node = _servers_per_node(cluster, rollout)
+    if reward_nodes:
+        # the rest is split in whole nodes too: the reward servers make it a heterogeneous job
+        cluster = dataclasses.replace(
+            cluster,
+            nodes=cluster.nodes - reward_nodes,
+            reward_nodes=0,
+            reward_fraction=0.0,
+            placement=Placement.nodes,
+        )
     split = split_gpus(cluster, rollout.tp_size)
     tasks_per_node, first_tasks, tp, pp, dp = _trainer_layout(cluster, trainer, algo, split)
     if trainer.backend is TrainerBackend.torch:
@@ -287,9 +321,47 @@ def plan_allocation(
         shared_rollout_gpus=split.shared_rollout_gpus,
         trainer_first_gpu=split.trainer_first_gpu,
         trainer_tasks_first_node=first_tasks,
+        reward_nodes=reward_nodes,
+        reward_servers_per_node=reward_per_node,
+        reward_tp=reward.model.tp_size if reward is not None else 1,
+        reward_base_port=(reward.model.base_port if reward is not None else 0) or DEFAULT_REWARD_BASE_PORT,
     )
     _check_ports(plan, cluster.loopback)
     return plan
+
+
+def _reward_layout(cluster: ClusterConfig, reward: RewardConfig | None) -> tuple[int, int]:
+    """(reward-model nodes, servers per node), or a LayoutError naming the override."""
+    nodes = cluster.reward_share_nodes()
+    serves_model = reward is not None and reward.source is not RewardSource.verifier
+    if not nodes:
+        if serves_model:
+            raise LayoutError(
+                f"reward.source={reward.source.value} serves a reward model, but the job has no reward-model "
+                "nodes: set cluster.reward_nodes=N (or cluster.reward_fraction) for the third component"
+            )
+        return 0, 0
+    if not serves_model:
+        raise LayoutError(
+            "cluster.reward_nodes / cluster.reward_fraction ask for reward-model nodes, but reward.source=verifier "
+            "serves no model: set reward.source=model|combined and reward.model.path, or drop them"
+        )
+    if cluster.placement not in (Placement.nodes, Placement.auto):
+        raise LayoutError(
+            f"reward-model nodes are a component of the heterogeneous job: cluster.placement=nodes, not "
+            f"{cluster.placement.value}"
+        )
+    if cluster.rollout_fraction_auto:
+        raise LayoutError(
+            "cluster.rollout_fraction=auto does not simulate reward-model nodes: set a number, "
+            "e.g. cluster.rollout_fraction=0.75 (of the nodes the reward model leaves)"
+        )
+    tp, gpus = reward.model.tp_size, cluster.gpus_per_node
+    if tp > gpus or gpus % tp:
+        raise LayoutError(
+            f"reward.model.tp_size={tp} must divide cluster.gpus_per_node={gpus} (a server does not span nodes)"
+        )
+    return nodes, gpus // tp
 
 
 def plan_job(job: JobConfig) -> AllocationPlan:
@@ -305,6 +377,7 @@ def plan_job(job: JobConfig) -> AllocationPlan:
         trainer=job.trainer,
         algo=job.algo,
         weight_sync=job.weight_sync,
+        reward=job.reward,
     )
 
 
@@ -327,5 +400,10 @@ def apply_plan(job: JobConfig, plan: AllocationPlan) -> JobConfig:
         weight_sync=replace(base.weight_sync, master_port=plan.weight_sync_port),
         cluster=replace(base.cluster, rollout_fraction=repr(plan.rollout_fraction)),
     )
+    if plan.reward_nodes:
+        model = replace(
+            planned.reward.model, num_servers=plan.num_reward_servers, base_port=plan.reward_base_port
+        )
+        planned = replace(planned, reward=replace(planned.reward, model=model))
     shared = plan.placement is Placement.colocated  # a server and a trainer rank on every GPU
     return apply_shares(planned, shares_for(planned, int(shared), int(shared)))

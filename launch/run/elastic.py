@@ -63,8 +63,12 @@ class ServerSet:
         stop: Callable[[list[ServerRole]], None],
         max_restarts: int,
         num_servers: int,
+        scalable: bool = True,
     ) -> None:
+        """`scalable=False`: a fixed set that only heals (the reward-model servers: launch.scale
+        sizes the rollout servers)."""
         self.run_dir = run_dir
+        self.scalable = scalable
         self.start = start
         self.stop = stop
         self.max_restarts = max_restarts
@@ -111,6 +115,8 @@ class ServerSet:
         return None, self._scale() or changed
 
     def _scale(self) -> bool:
+        if not self.scalable:
+            return False
         target = read_target(self.run_dir)
         serving = self.serving
         if target is None or target == len(serving):

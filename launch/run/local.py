@@ -32,6 +32,7 @@ from areal_jobs.config import (
     ClusterKind,
     JobConfig,
     Placement,
+    RewardSource,
     TrainerBackend,
     check_override_keys,
     register_configs,
@@ -76,7 +77,7 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> bool:
     resuming = resume and run_dir.exists() and latest_checkpoint(run_dir) is not None
     # registrations of processes that no longer exist, drain markers and scale requests of the
     # last attempt (a restarted run starts rollout.num_servers servers again)
-    for stale in ("servers", "controller.json", SCALE_FILE):
+    for stale in ("servers", "reward_servers", "controller.json", SCALE_FILE):
         path = run_dir / stale
         if path.is_dir():
             for pattern in ("*.json", "*.drain", "*.drained"):
@@ -153,6 +154,19 @@ def check_trainer_kernels(cfg: JobConfig) -> None:
     on_cuda = cfg.trainer.backend is not TrainerBackend.torch and cuda_available()
     try:
         check_attention_device(cfg.trainer.attention.value, "cuda" if on_cuda else None)
+    except ValueError as exc:
+        raise SystemExit(f"invalid configuration: {exc}") from None
+
+
+def check_reward_model(cfg: JobConfig) -> None:
+    """reward.source=model|combined: a reward model SGLang can serve as configured, before any
+    process starts (rollout/reward_server.check_checkpoint)."""
+    if cfg.reward.source is RewardSource.verifier:
+        return
+    from areal_jobs.rollout.reward_server import check_checkpoint
+
+    try:
+        check_checkpoint(cfg.reward.model)
     except ValueError as exc:
         raise SystemExit(f"invalid configuration: {exc}") from None
 
@@ -236,6 +250,7 @@ def launch(cfg: JobConfig) -> int:
     check_local_memory(cfg)
     check_lora_serving(cfg)
     check_trainer_kernels(cfg)
+    check_reward_model(cfg)
     run_dir.chmod(cfg.run.dir_mode)  # a directory an older version left 0755
     print_first_prompt(cfg)
     if cuda_available():  # every server and trainer rank 0 share GPU 0 here: divide its memory
@@ -265,6 +280,21 @@ def launch(cfg: JobConfig) -> int:
     servers = ServerSet(
         run_dir, start_server, stop_roles, cfg.rollout.max_server_restarts, cfg.rollout.num_servers
     )
+    # the reward-model servers: a fixed set that heals like the rollout servers (restarted in
+    # place, under their index; the scorer finds the new registration)
+    reward_servers = None
+    if cfg.reward.source is not RewardSource.verifier:
+
+        def start_reward_server(i: int) -> Role:
+            return start_role(
+                f"reward-server{i}", "areal_jobs.rollout.reward_server", config_path, env,
+                logs / f"reward-server-{i}.log", "--index", str(i),
+            )  # fmt: skip
+
+        reward_servers = ServerSet(
+            run_dir, start_reward_server, stop_roles, cfg.rollout.max_server_restarts,
+            cfg.reward.model.num_servers, scalable=False,
+        )  # fmt: skip
     controller = start_role(
         "controller", "areal_jobs.rollout.main", config_path, env, logs / "controller.log"
     )
@@ -272,11 +302,13 @@ def launch(cfg: JobConfig) -> int:
     replanner = local_replanner(cfg, run_dir)
     on_sigterm_interrupt()
     try:
-        failed = _watch(servers, controller, trainers, run_dir, cfg.trainer.total_steps, replanner)
+        failed = _watch(
+            servers, controller, trainers, run_dir, cfg.trainer.total_steps, replanner, reward_servers
+        )
     except KeyboardInterrupt:
         failed = "interrupted"
     finally:
-        stop_roles([*servers.roles, controller, *trainers])
+        stop_roles([*servers.roles, *(reward_servers.roles if reward_servers else []), controller, *trainers])
     if failed:
         logger.error("run failed: %s. Run the same command again to resume from the last checkpoint.", failed)
         return 1
@@ -302,6 +334,7 @@ def _watch(
     run_dir: Path,
     total_steps: int,
     replanner: Replanner | None = None,
+    reward_servers: ServerSet | None = None,
 ) -> str | None:
     """Progress bar until the trainer exits; heals and scales the servers; returns why the run failed.
 
@@ -314,7 +347,12 @@ def _watch(
     done = sum(1 for r in rows if "train/version" in r)
     bar = tqdm(total=total_steps, initial=done, desc="RL", unit="step", dynamic_ncols=True, mininterval=2.0)
     seen, postfix = len(rows), {}
-    _write_pids(run_dir, [*servers.roles, controller, *trainers])
+    sets = [servers, *([reward_servers] if reward_servers else [])]
+
+    def roles() -> list[Role]:
+        return [*(r for s in sets for r in s.roles), controller, *trainers]
+
+    _write_pids(run_dir, roles())
     try:
         while True:
             if trainer.process.poll() == 0:
@@ -332,11 +370,12 @@ def _watch(
                     return f"{role.name} exited with code {code}; see {role.log}"
             if controller.process.poll() == 0:  # it leaves first after Stop: give the trainer time to finish
                 return _wait_all(trainers, 600, "after the controller stopped")
-            failed, changed = servers.poll()
-            if failed:
-                return failed
-            if changed:
-                _write_pids(run_dir, [*servers.roles, controller, *trainers])
+            for server_set in sets:
+                failed, changed = server_set.poll()
+                if failed:
+                    return failed
+                if changed:
+                    _write_pids(run_dir, roles())
             rows = read_jsonl(run_dir / "metrics.jsonl")
             if replanner is not None:
                 replanner.observe(rows[seen:])

@@ -135,7 +135,47 @@ def sbatch_header(job: JobConfig, plan: AllocationPlan) -> str:
     lines += sbatch_component(
         cluster, "1 = trainer + rollout controller", plan.trainer_nodes, plan.trainer_tasks_per_node, no_kill
     )
+    if plan.reward_nodes:
+        lines.append("#SBATCH hetjob")
+        lines += sbatch_component(
+            cluster, "2 = reward-model servers", plan.reward_nodes, plan.reward_servers_per_node
+        )
     return "\n".join(lines)
+
+
+def _reward_values(job: JobConfig, plan: AllocationPlan) -> dict[str, str]:
+    """The reward-model servers (het group 2), or nothing: the template's three `reward_*`
+    placeholders end existing lines, so a job without a reward model renders as before."""
+    if not plan.reward_nodes:
+        return {"reward_servers": "", "reward_stop": "", "reward_check": ""}
+    tp = plan.reward_tp
+    last = plan.reward_base_port + plan.num_reward_servers - 1
+    block = f"""
+
+# ------------------------------------------------------------------ reward-model servers (het group 2)
+# reward.source={job.reward.source.value}: task i is reward-model server i ({job.reward.model.kind.value}, {job.reward.model.engine.value})
+# on GPUs [local_id * {tp}, (local_id + 1) * {tp}) of its node, port {plan.reward_base_port} + i (up to {last}),
+# supervised like a rollout server (restarted in place, areal_jobs/rollout/supervise.py --reward).
+# They register in $RUN_DIR/reward_servers/, where the controller's reward scorer finds them
+# (again after a restart); a reward whose server is gone past reward.model.deadline_s fails
+# (model_error: counted, never trained as 0).
+REWARD_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_2
+mkdir -p "$RUN_DIR/reward_servers" && rm -f "$RUN_DIR"/reward_servers/*.json
+log "reward-model servers on $REWARD_NODELIST"
+srun --het-group=2 --ntasks-per-node={plan.reward_servers_per_node} --job-name=areal-reward-servers \\
+    --kill-on-bad-exit=0 --no-kill{srun_container(job.cluster)} \\
+    --output="$LOG_DIR/reward-server-%t.log" \\
+    bash -c 'first=$((SLURM_LOCALID * {tp}))
+             export CUDA_VISIBLE_DEVICES=$(seq -s, "$first" $((first + {tp} - 1)))
+             export AREAL_BIND_HOST=${{AREAL_BIND_HOST:-$(hostname)}}
+             exec "$PYTHON" -m areal_jobs.rollout.supervise --config "$CONFIG" --index "$SLURM_PROCID" --reward' &
+REWARD_SERVERS_PID=$!"""
+    stop = """
+    steps=$(squeue -h -s -j "$SLURM_JOB_ID" -o "%i %j" | awk '$2 == "areal-reward-servers" {print $1}')
+    [ -z "$steps" ] || scancel --signal=TERM $steps || true
+    stop_step "$REWARD_SERVERS_PID" "reward-model servers" 60 || true"""
+    check = '\n        kill -0 "$REWARD_SERVERS_PID" 2>/dev/null || failed="reward-model servers"'
+    return {"reward_servers": block, "reward_stop": stop, "reward_check": check}
 
 
 def _placement_values(plan: AllocationPlan) -> dict[str, str]:
@@ -259,6 +299,7 @@ def render_sbatch(
         "node_loss": "1" if survives_node_loss(plan) else "0",
         "replan": "1" if job.cluster.replan_every_steps and plan.placement is Placement.nodes else "0",
         **_placement_values(plan),
+        **_reward_values(job, plan),
     }
     tmpl = SbatchTemplate(text)
     unused = set(values) - set(tmpl.get_identifiers())

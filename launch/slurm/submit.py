@@ -40,6 +40,7 @@ from areal_jobs.config import (
 from launch.planning.allocation import resolve_auto_fraction
 from launch.planning.memory_plan import MemoryPlan, check_memory, unknown_shape_note
 from launch.planning.plan import AllocationPlan, apply_plan
+from launch.planning.reward_plan import RewardPlan, check_reward_servers
 from launch.planning.suggest import plan_or_explain
 from launch.slurm.cli import Slurm, SlurmCli, SlurmError
 from launch.slurm.preflight import check_before_writing
@@ -56,6 +57,7 @@ class PreparedJob:
     plan: AllocationPlan
     script: str
     memory: MemoryPlan | None = None  # None: the model's shape is unknown (not checked)
+    reward: RewardPlan | None = None  # the reward-model servers' check (None: the job has none)
 
     @property
     def run_dir(self) -> Path:
@@ -63,7 +65,8 @@ class PreparedJob:
 
     def memory_text(self) -> str:
         """The per-rank trainer breakdown and the servers' KV cache (launch/planning/memory_plan.py)."""
-        return self.memory.describe() if self.memory is not None else unknown_shape_note(self.job)
+        text = self.memory.describe() if self.memory is not None else unknown_shape_note(self.job)
+        return text + ("\n" + self.reward.describe() if self.reward is not None else "")
 
 
 def prepare(
@@ -94,8 +97,9 @@ def prepare(
     plan = plan_or_explain(resolve_auto_fraction(job))
     job = apply_plan(job, plan)
     memory = check_memory(job, plan)
+    reward = check_reward_servers(job, plan)
     script = render_sbatch(job, plan, provenance=provenance)
-    return PreparedJob(job=job, plan=plan, script=script, memory=memory)
+    return PreparedJob(job=job, plan=plan, script=script, memory=memory, reward=reward)
 
 
 def git_source(repo: Path = REPO) -> str:

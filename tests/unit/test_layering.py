@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "areal_jobs.report",
             "areal_jobs.checkpoint",
             "areal_jobs.samples",
+            "areal_jobs.atomic",
         },
     ),
     ("transport", {"areal_jobs.transport"}),
@@ -45,6 +46,10 @@ SIDEWAYS = {
         "areal_jobs.data",
         "areal_jobs.reward",
     ): "the countdown warm start scores itself with the task's verifier",
+    (
+        "areal_jobs.checkpoint",
+        "areal_jobs.atomic",
+    ): "a checkpoint's meta.json and `latest` are replaced atomically",
 }
 
 

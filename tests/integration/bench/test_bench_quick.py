@@ -49,6 +49,7 @@ EXPECTED = {
     ],
     "controller": ["controller/completed_requests_per_s", "transport/messages_per_s", "transport/mb_per_s"],
     "reward": ["reward/math_per_s"],
+    "reward_model": ["reward_model/answers_per_s", "reward_model/batching_gain", "reward_model/agreement"],
     "trainer": ["trainer/torch_tokens_per_s"],
     "trainer_memory": [
         "trainer_memory/torch_after_1k_peak_gib",

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from areal_jobs.atomic import write_atomic
+
 from .starve import CpuStarver
 from .test_e2e_local import (
     REPO,
@@ -49,9 +51,7 @@ def steps_done(run_dir: Path) -> int:
 
 def arm(path: Path, order: dict) -> None:
     """Arm a stall atomically: the hook never reads a half-written order."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(order))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(order))
 
 
 def fire(armed: Path, proc, timeout_s: float = 600) -> dict:

@@ -23,6 +23,7 @@ import requests
 from harness import free_port, hf_state, make_batch, make_tiny_hf, run_ranks, start_backend, trainer_config
 
 from areal_jobs.api import BucketSpec, TensorSpec, WeightSender
+from areal_jobs.atomic import write_atomic
 from areal_jobs.config import DType, ModelConfig, PauseMode, RolloutConfig
 
 pytestmark = [pytest.mark.megatron, pytest.mark.sglang]
@@ -80,9 +81,11 @@ def sender_worker(rank: int, world: int, model_dir: str, exchange: str) -> dict:
     group = WeightBroadcastGroup(f"megatron-stage{stage}", "127.0.0.1", 0, "gloo", timeout_s=120.0)
     port = group.listen()
     plan = [[[t.name, t.dtype, list(t.shape)] for t in b.tensors] for b in buckets]
-    staged = Path(exchange, f"stage{stage}.json.tmp")
-    staged.write_text(json.dumps({"group": group.base_name, "port": port, "buckets": plan}))
-    staged.replace(staged.with_suffix(""))  # whole or absent: the reader polls for it
+    # whole or absent: the reader polls for it
+    write_atomic(
+        Path(exchange, f"stage{stage}.json"),
+        json.dumps({"group": group.base_name, "port": port, "buckets": plan}),
+    )
     group.init(world_size=2, generation=0)  # this sender + the server's rank; waits for the server
     weights = dict(backend.iter_weights())
     for b in buckets:

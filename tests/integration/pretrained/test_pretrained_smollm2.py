@@ -20,6 +20,7 @@ import requests
 import torch
 
 from areal_jobs.api import BucketSpec, GenerateRequest, TensorSpec, WeightSender
+from areal_jobs.atomic import write_atomic
 from areal_jobs.config import AlgoConfig, DataConfig, Dataset, DType, TrainerConfig
 from areal_jobs.data.prompts import load_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
@@ -216,9 +217,10 @@ def megatron_worker(rank: int, world: int, model_dir: str, batch: TrainBatch, ex
     # port 0, bound before publishing: a port picked free earlier can be taken meanwhile
     group = WeightBroadcastGroup("megatron-pretrained", "127.0.0.1", 0, "gloo", timeout_s=300.0)
     plan = [[[t.name, t.dtype, list(t.shape)] for t in b.tensors] for b in buckets]
-    staged = Path(exchange, "plan.json.tmp")
-    staged.write_text(json.dumps({"group": group.base_name, "port": group.listen(), "buckets": plan}))
-    staged.replace(staged.with_suffix(""))
+    write_atomic(
+        Path(exchange, "plan.json"),
+        json.dumps({"group": group.base_name, "port": group.listen(), "buckets": plan}),
+    )
     group.init(world_size=2, generation=0)
     weights = dict(backend.iter_weights())
     for b in buckets:

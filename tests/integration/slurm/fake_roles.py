@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from areal_jobs.atomic import write_atomic
+
 STEP_S = 0.3  # pacing of the fake trainer, so a test can signal it mid-run
 # Once RUN_DIR/fake/hurry exists (a test saw what it waited for: a lost node handled, a satellite
 # registered), the trainer's remaining steps take HURRY_STEP_S each: the job ends when the test is
@@ -111,9 +113,7 @@ def trainer(cfg: dict, run_dir: Path) -> None:
             time.sleep(HURRY_STEP_S if (run_dir / "fake" / "hurry").exists() else STEP_S)
             step += 1
             # tmp + rename: the test polls this file and must never read it half written
-            tmp = run_dir / "fake" / f"progress.tmp{os.environ['RANK']}"  # one per rank: no race
-            tmp.write_text(str(step))
-            tmp.replace(run_dir / "fake" / "progress")
+            write_atomic(run_dir / "fake" / "progress", str(step))  # a tmp name per writer: no race
     except Checkpoint:
         ckpt.parent.mkdir(exist_ok=True)
         ckpt.write_text(str(step))

@@ -99,3 +99,20 @@ def test_scale_cli_changes_relative_to_what_runs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "-3"])  # no server left: refused, nothing written
     assert read_target(tmp_path) == 3
+
+
+def test_the_reward_model_servers_heal_but_do_not_follow_launch_scale(tmp_path):
+    """launch.local's second set (scalable=False): a dead reward-model server restarts under its
+    index like a rollout server; scale.json sizes only the rollout servers."""
+    started = []
+
+    def start(index: int) -> FakeRole:
+        started.append(index)
+        return FakeRole(f"reward-server{index}")
+
+    rewards = ServerSet(tmp_path, start, lambda roles: None, 2, 1, scalable=False)
+    write_target(tmp_path, 3)
+    assert rewards.poll() == (None, False) and started == [0]
+    rewards.servers[0].process.code = -9
+    assert rewards.poll() == (None, True)
+    assert started == [0, 0] and rewards.servers[0].restarts == 1

@@ -224,8 +224,8 @@ def test_every_endpoint_the_clients_call_is_classified():
 
     root = Path(control_calls.__file__).parent
     routes = set()
-    for name in ("sglang_client.py", "vllm_client.py"):
-        routes |= set(re.findall(r'"(/[a-z_/0-9]+)"', (root / name).read_text()))
+    for name in ("sglang_client.py", "vllm_client.py", "reward_client.py"):
+        routes |= set(re.findall(r'"(/[a-z_/0-9]+(?:#[a-z_]+)?)"', (root / name).read_text()))
     rpcs = set(re.findall(r'"(areal_[a-z_]+)"', (root / "vllm_client.py").read_text()))
     routes |= {f"/collective_rpc#{rpc}" for rpc in rpcs}
     routes -= {"/collective_rpc"}  # called only as /collective_rpc#<method>

@@ -10,7 +10,7 @@ import pytest
 
 from areal_jobs.api import Health, WeightSender
 from areal_jobs.config import PauseMode
-from areal_jobs.rollout import service as service_mod
+from areal_jobs.rollout import update_steps as update_steps_mod
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.service import ControllerService
 from areal_jobs.rollout.weight_update import StageError, WeightUpdateOrchestrator
@@ -98,7 +98,7 @@ def test_a_failure_with_every_server_alive_is_fatal():
 
 
 def test_retries_of_one_version_are_bounded(monkeypatch):
-    monkeypatch.setattr(service_mod, "MAX_UPDATE_RETRIES", 1)
+    monkeypatch.setattr(update_steps_mod, "MAX_UPDATE_RETRIES", 1)
     svc, pool, _, channel = service([Healthy("a"), DiesAtBucket("b"), DiesAtBucket("c")])
     pool.mark_down(2, "not yet")  # c joins the second attempt only ...
     asyncio.run(svc._update_weights(REQUEST))
@@ -201,7 +201,7 @@ def test_a_stage_that_times_out_with_every_server_alive_is_sent_again_with_longe
 
 
 def test_repeats_after_timeouts_are_bounded(monkeypatch):
-    monkeypatch.setattr(service_mod, "MAX_SLOW_UPDATE_RETRIES", 1)
+    monkeypatch.setattr(update_steps_mod, "MAX_SLOW_UPDATE_RETRIES", 1)
 
     class AlwaysSlow(SlowFirstBegin):
         async def begin_weight_update(self):

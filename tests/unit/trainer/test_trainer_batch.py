@@ -98,3 +98,18 @@ def test_an_episode_trains_only_its_model_tokens_and_truncation_masks_it_all():
     assert batch.samples[0].input_ids.tolist() == [1, 2, 10, 11, 12, 13, 14]
     kept = assemble([g], trainer_version=3, algo=AlgoConfig(batch_size=1, group_size=2, mask_truncated=False))
     assert kept.samples[1].mask().tolist() == [1, 1, 0, 0, 1]
+
+
+def test_samples_without_a_reward_are_left_out_of_advantages_and_batch():
+    """A failed reward-model score (model_error) is no 0: the group's baseline is its scored
+    samples', the unscored one trains nothing, and a group with none scored is filtered."""
+    algo = AlgoConfig(batch_size=2, group_size=3, advantage=Advantage.drgrpo)
+    g = group("g1", [[1], [1], [1]], [1.0, 0.0, 0.0])
+    g = replace(g, samples=(g.samples[0], replace(g.samples[1], reward_status="model_error"), g.samples[2]))
+    none = group("g2", [[1], [1]], [0.0, 0.0])
+    none = replace(none, samples=tuple(replace(s, reward_status="model_error") for s in none.samples))
+    batch = assemble([g, none], trainer_version=1, algo=algo)
+    assert [s.sample_id for s in batch.samples] == ["g1/0", "g1/2"]
+    # mean over the two scored rewards (1, 0) is 0.5; with the failed one counted as 0 it would be 1/3
+    assert [s.advantage for s in batch.samples] == [pytest.approx(0.5), pytest.approx(-0.5)]
+    assert batch.filtered_group_ids == ["g2"] and batch.unscored_samples == 3
