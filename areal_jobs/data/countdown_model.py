@@ -15,12 +15,14 @@ which attempts hit the target. Built in one process on 2 CPU threads (build.json
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -50,15 +52,19 @@ class CountdownRecipe:
     sft_tokens_per_step: int = 1024
     sft_lr: float = 3e-3
     max_misses: int = 3  # wrong attempts before the right one: uniform in 0..max_misses
-    # phase 2: the search habit (countdown_task.HABIT_AVOIDS_OP), fresh optimiser, cosine to 0
-    habit_steps: int = 500
-    habit_lr: float = 1e-3
-    habit_rate: float = 0.7  # share of phase-2 answers whose worker has the habit
+    # phase 2: the searching worker (countdown_task.search_solution), fresh optimiser, cosine to 0
+    search_steps: int = 400
+    search_lr: float = 1e-3
+    max_tries: int = countdown_task.MAX_TRIES
     seed: int = 0
-    recipe_version: int = 2
+    recipe_version: int = 3
 
 
-_PHASE2_FIELDS = ("habit_steps", "habit_lr", "habit_rate", "recipe_version")
+_PHASE2_FIELDS = ("search_steps", "search_lr", "max_tries", "recipe_version")
+
+
+_CLI_FIELDS = ("sft_steps", "sft_decay_steps", "sft_lr", "max_misses", "num_layers", "seed", "search_steps",
+               "search_lr", "max_tries")  # fmt: skip
 
 
 def tokenizer_corpus(num_problems: int = 3000) -> list[str]:
@@ -66,7 +72,7 @@ def tokenizer_corpus(num_problems: int = 3000) -> list[str]:
     corpus = []
     for i in range(num_problems):
         p = countdown_task.problem_at(SFT_SEED + 2, i)
-        corpus += [p.prompt, countdown_task.worked_solution(p, rng)]
+        corpus += [p.prompt, countdown_task.guided_solution(p, rng)]
     return corpus
 
 
@@ -104,8 +110,9 @@ def build(out_dir: Path, recipe: CountdownRecipe, threads: int = 2, base: Path |
     info: dict = {"recipe": asdict(recipe)}
     if base is None:
         model = Qwen2ForCausalLM(model_config(recipe, len(tokenizer)))
+        guided = functools.partial(countdown_task.guided_solution, max_misses=recipe.max_misses)
         info["sft_final_loss"] = _phase(model, tokenizer, recipe, recipe.sft_steps, recipe.sft_decay_steps,
-                                        recipe.sft_lr, 0.0, SFT_SEED, "countdown warm start", rng_seed=1)  # fmt: skip
+                                        recipe.sft_lr, guided, SFT_SEED, "countdown warm start", rng_seed=1)  # fmt: skip
     else:
         base_info = json.loads((base / "build.json").read_text())
         differ = [
@@ -117,9 +124,10 @@ def build(out_dir: Path, recipe: CountdownRecipe, threads: int = 2, base: Path |
             raise ValueError(f"--base {base} was built with other phase-1 settings: {differ}")
         model = Qwen2ForCausalLM.from_pretrained(str(base), dtype=torch.float32)
         info["phase_1_from"] = base_info
-    if recipe.habit_steps:
-        info["habit_final_loss"] = _phase(model, tokenizer, recipe, recipe.habit_steps, recipe.habit_steps,
-                                          recipe.habit_lr, recipe.habit_rate, SFT_SEED + 1, "countdown habit", rng_seed=2)  # fmt: skip
+    if recipe.search_steps:
+        search = functools.partial(countdown_task.search_solution, max_tries=recipe.max_tries)
+        info["search_final_loss"] = _phase(model, tokenizer, recipe, recipe.search_steps, recipe.search_steps,
+                                           recipe.search_lr, search, SFT_SEED + 1, "countdown search", rng_seed=2)  # fmt: skip
     model.eval()
     model.save_pretrained(str(out_dir), safe_serialization=True)
     info["build_s"] = round(time.time() - t0, 1)
@@ -129,7 +137,7 @@ def build(out_dir: Path, recipe: CountdownRecipe, threads: int = 2, base: Path |
     return info
 
 
-def _phase(model, tokenizer, recipe, steps: int, decay_steps: int, lr: float, habit_rate: float,
+def _phase(model, tokenizer, recipe, steps: int, decay_steps: int, lr: float, worker: Callable,
            stream_seed: int, desc: str, rng_seed: int) -> float:  # fmt: skip
     """One packed SFT phase: a tenth of warm-up, then cosine over `decay_steps` (phase 1 stops
     before the end of its schedule when decay_steps > steps); a fresh AdamW."""
@@ -146,7 +154,7 @@ def _phase(model, tokenizer, recipe, steps: int, decay_steps: int, lr: float, ha
 
     def example_at(problem: countdown_task.CountdownProblem, step: int) -> tuple[list[int], list[int]]:
         prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
-        answer = countdown_task.worked_solution(problem, rng, recipe.max_misses, habit_rate)
+        answer = worker(problem, rng)
         ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
         return prompt + ids, [0] * len(prompt) + [1] * len(ids)
 
@@ -205,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--base", type=Path, default=None, help="a phase-1 model of the same recipe: run phase 2 on it"
     )
-    for name in ("sft_steps", "sft_decay_steps", "sft_lr", "max_misses", "num_layers", "seed", "habit_steps",
-                 "habit_lr", "habit_rate"):  # fmt: skip
+    for name in _CLI_FIELDS:
         kind = type(getattr(CountdownRecipe(), name))
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=kind, default=getattr(CountdownRecipe(), name)
@@ -216,9 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure is not None:
         print(json.dumps(measure(args.measure), indent=2))
         return 0
-    fields = ("sft_steps", "sft_decay_steps", "sft_lr", "max_misses", "num_layers", "seed", "habit_steps",
-              "habit_lr", "habit_rate")  # fmt: skip
-    recipe = replace(CountdownRecipe(), **{k: getattr(args, k) for k in fields})
+    recipe = replace(CountdownRecipe(), **{k: getattr(args, k) for k in _CLI_FIELDS})
     print(json.dumps(build(args.out, recipe, args.threads, args.base), indent=2))
     return 0
 

@@ -7,17 +7,17 @@ right answers, and the target is drawn uniformly among the values that many expr
 no fixed template of positions and operators solves more than a small share of the problems
 (tests/unit/data/test_data_countdown_task.py measures the best one).
 
-The worked answer a warm start imitates: a scratchpad of every pair's sum, product and difference
-(with the number left over), then attempts, each an expression and its value, until one hits the
-target, then the answer. Example:
+The worked answer a warm start imitates: a scratchpad of every pair's sum and product (with the
+number left over), then attempts, each an expression and its value, until one hits the target
+(at most MAX_TRIES), then the answer. Example:
 
     prompt:   "Q: make 38 from 7 6 4\nA:"
-    solution: " 7 6 (4): 7+6=13, 7*6=42, 7-6=1; 7 4 (6): 7+4=11, 7*4=28, 7-4=3;
-               6 4 (7): 6+4=10, 6*4=24, 6-4=2. try (7+6)-4: 13-4=9 no; try (7*6)-4: 42-4=38 yes.
-               answer: (7*6)-4"      (one line)
+    solution: " 7+6=13 7*6=42 (4); 7+4=11 7*4=28 (6); 6+4=10 6*4=24 (7). try (7+6)-4: 13-4=9 no;
+               try (7*6)-4: 42-4=38 yes. answer: (7*6)-4"      (one line)
 
-The scratchpad is deterministic arithmetic; the choices are the attempts. Answers are 80-130
-tokens with the built-in tokenizer. Problems are a pure function of (seed, index).
+The scratchpad is deterministic arithmetic; the choices are the attempts, and which to try first
+is what RL can learn. Answers are 60-130 tokens with the built-in tokenizer. Problems are a pure
+function of (seed, index).
 """
 
 from __future__ import annotations
@@ -183,33 +183,38 @@ def scratchpad(numbers: tuple[int, ...]) -> str:
     return " " + "; ".join(parts) + "."
 
 
-# The warm start's misconception (data/countdown_model.py, phase 2), the counterpart of the
-# arithmetic task's: a search habit. A worker with it never tries a pair's product ("(7*6)..."),
-# though the scratchpad lists them; on the problems every solution of which starts from a product
-# (about a quarter) it tries MAX_GIVE_UP_TRIES other attempts and answers the last, wrongly.
-HABIT_AVOIDS_OP = "*"
-MAX_GIVE_UP_TRIES = 4
-
-
-def worked_solution(
-    problem: CountdownProblem, rng: random.Random, max_misses: int = 3, habit_rate: float = 0.0
-) -> str:
-    """The scratchpad, 0..max_misses wrong attempts (distinct, uniformly chosen), one right attempt
-    (uniform among the solutions), and the answer. With probability `habit_rate` the worker has
-    the search habit (HABIT_AVOIDS_OP): it draws attempts only among those without a pair product,
-    and when none of them hits it gives up after MAX_GIVE_UP_TRIES, answering the last one."""
+def guided_solution(problem: CountdownProblem, rng: random.Random, max_misses: int = 3) -> str:
+    """Phase 1's worked answer (data/countdown_model.py): the scratchpad, 0..max_misses wrong
+    attempts (distinct, uniformly chosen), one right attempt (uniform among the solutions), the
+    answer. It teaches the format and the arithmetic; its worker knows where the answer is, which
+    no policy can imitate (a model trained on it alone says "yes" to wrong values at the 4th try)."""
     candidates = list(attempts(problem.numbers))
-    if habit_rate and rng.random() < habit_rate:
-        candidates = [a for a in candidates if a.op != HABIT_AVOIDS_OP]
     hits = [a for a in candidates if a.value == problem.target]
     wrong = [a for a in candidates if a.value != problem.target]
-    if hits:
-        misses = rng.sample(wrong, min(rng.randint(0, max_misses), len(wrong)))
-        final = rng.choice(hits)
-        tries = [f" try {a.expression}: {a.step} no;" for a in misses]
-        tries.append(f" try {final.expression}: {final.step} yes.")
-    else:
-        misses = rng.sample(wrong, min(MAX_GIVE_UP_TRIES, len(wrong)))
-        final = misses[-1]
-        tries = [f" try {a.expression}: {a.step} no;" for a in misses]
+    misses = rng.sample(wrong, min(rng.randint(0, max_misses), len(wrong)))
+    final = rng.choice(hits)
+    tries = [f" try {a.expression}: {a.step} no;" for a in misses]
+    tries.append(f" try {final.expression}: {final.step} yes.")
     return scratchpad(problem.numbers) + "".join(tries) + f" answer: {final.expression}"
+
+
+# Phase 2's worker, the one the warm start ends up imitating: it tries the candidates in a random
+# order, checks each value against the target, and stops at the first hit or after MAX_TRIES
+# tries ("answer: none", which earns 0). A policy can imitate it exactly, so the warm start's
+# sampled accuracy is about the chance that one of MAX_TRIES random candidates hits (0.48 over the
+# held-out problems, less its slips); RL has the rest to learn: which pairs and joins to try first
+# (the scratchpad lists every pair's value next to the number it leaves over).
+MAX_TRIES = 4
+NO_ANSWER = "none"
+
+
+def search_solution(problem: CountdownProblem, rng: random.Random, max_tries: int = MAX_TRIES) -> str:
+    order = rng.sample(list(attempts(problem.numbers)), len(attempts(problem.numbers)))[:max_tries]
+    tries, final = [], NO_ANSWER
+    for att in order:
+        if att.value == problem.target:
+            tries.append(f" try {att.expression}: {att.step} yes.")
+            final = att.expression
+            break
+        tries.append(f" try {att.expression}: {att.step} no;")
+    return scratchpad(problem.numbers) + "".join(tries) + f" answer: {final}"

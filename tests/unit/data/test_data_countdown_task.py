@@ -4,6 +4,7 @@ answers that verify, and its plumbing (prompt stream, held-out set, evaluation s
 import itertools
 import json
 import random
+import re
 
 import pytest
 
@@ -58,18 +59,23 @@ def test_no_fixed_template_solves_many_problems():
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_worked_answers_verify_and_attempts_are_honest(seed):
+def test_guided_answers_verify_and_attempts_are_honest(seed):
     rng = random.Random(seed)
     for p in PROBLEMS[:200]:
-        text = countdown_task.worked_solution(p, rng)
+        text = countdown_task.guided_solution(p, rng)
         assert reward_countdown(text, p.reference).reward == 1.0
         tries = text.split(" try ")[1:]
+        assert len(tries) <= 4
         assert tries[-1].endswith(f"yes. answer: {tries[-1].split(':')[0]}")
-        for t in tries:  # every attempt's arithmetic is right, and "yes" only on the target
-            expression, rest = t.split(": ", 1)
-            value = evaluate(expression)[0]
-            assert f"={value} " in rest
-            assert (" yes." in rest) == (value == p.target)
+        _assert_honest(tries, p.target)
+
+
+def _assert_honest(tries: list[str], target: int) -> None:
+    for t in tries:  # every attempt's arithmetic is right, and "yes" only on the target
+        expression, rest = t.split(": ", 1)
+        value = evaluate(expression)[0]
+        assert f"={value} " in rest
+        assert (" yes." in rest) == (value == target)
 
 
 def test_stream_and_held_out_prompts():
@@ -86,19 +92,25 @@ def test_stream_and_held_out_prompts():
     assert [p.reference for p in prompts] == [p.reference for p in held_out] and report.num_rows == 3
 
 
-def test_the_habit_avoids_pair_products_and_gives_up_where_only_they_solve():
-    """The warm start's misconception (phase 2): a worker with the habit never tries "(x*y)...";
-    it answers right exactly on the problems that have a solution without a pair product."""
+def test_the_searching_worker_tries_at_most_max_tries_in_random_order():
+    """Phase 2's worker: distinct candidates in random order, stops at the first hit or after
+    MAX_TRIES ("answer: none", 0 reward); it solves about the share that MAX_TRIES random draws
+    of a problem's candidates hit (0.48 over these problems), and its first tries use every
+    pair operation (no order a policy could copy from it)."""
     rng = random.Random(0)
-    right = 0
-    for p in PROBLEMS[:400]:
-        text = countdown_task.worked_solution(p, rng, habit_rate=1.0)
-        solvable = any(s.op != countdown_task.HABIT_AVOIDS_OP for s in p.solutions)
-        tries = [t.split(":")[0] for t in text.split(" try ")[1:]]
-        assert not any(t[2] == "*" for t in tries), text  # "(x*y)" never tried
+    right, first_ops, num_problems = 0.0, set(), 600
+    for p in PROBLEMS[:num_problems]:
+        text = countdown_task.search_solution(p, rng)
+        tries = text.split(" try ")[1:]
+        expressions = [t.split(":")[0] for t in tries]
+        assert len(set(expressions)) == len(expressions) <= countdown_task.MAX_TRIES
+        _assert_honest(tries, p.target)
         got = reward_countdown(text, p.reference).reward
-        assert got == float(solvable)
-        if not solvable:
-            assert len(tries) == countdown_task.MAX_GIVE_UP_TRIES and " yes." not in text
+        assert got == float(" yes." in text)
+        if not got:
+            assert len(tries) == min(countdown_task.MAX_TRIES, len(countdown_task.attempts(p.numbers)))
+            assert text.endswith(f" answer: {countdown_task.NO_ANSWER}")
         right += got
-    assert 0.6 < right / 400 < 0.85  # about a quarter of the problems need a product
+        first_ops.add(re.search(r"\(\d([-+*])\d\)", expressions[0]).group(1))
+    assert 0.40 < right / num_problems < 0.56
+    assert first_ops == set(countdown_task.PAIR_OPS)
