@@ -60,7 +60,8 @@ warmstart-countdown: install
 	$(PY) -m areal_jobs.data.countdown_model --out areal_jobs/data/builtin_model_countdown
 
 # Rebuild the committed built-in reward model (a classifier of answer correctness, trained on the
-# built-in policy's own sampled answers labelled by the verifier; ~15 min on 2 cores).
+# built-in policy's own sampled answers and on worked answers with slips, each labelled by the
+# verifier; ~18 min on 2 cores).
 reward-model: install
 	$(PY) -m areal_jobs.data.reward_model --out areal_jobs/data/builtin_reward_model
 

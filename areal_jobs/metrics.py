@@ -143,10 +143,10 @@ def build_sink(run_dir: Path, tensorboard: bool, wandb: dict | None = None) -> F
 
 
 def read_jsonl(path: Path) -> list[dict[str, float]]:
+    """The complete rows. The launcher and the replanner read while the trainer appends, and a
+    long row can reach the file in more than one write: a last line without its newline is a row
+    still being written, left for the next read."""
     if not path.exists():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
-    return rows
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]

@@ -5,7 +5,7 @@
 One process, the torch backend on the committed warm start, one batch of B x G = 64 answers
 whose behaviour log-probs are the model's own shifted by noise (so tokens are pre-clipped and the
 histogram is filled). Rounds alternate: a train step with the statistics (the default) and one
-without (`pre_step_logp` returning None, so `offpolicy_stats` is skipped), each from the same
+without (`pre_step_logp` returning None, so `offpolicy_sums` is skipped), each from the same
 weights; CPU seconds per step (time.process_time: the machine's load barely moves them). Prints
 the median of each and their ratio, and the statistics alone on 64k tokens.
 """
@@ -49,7 +49,7 @@ def make_batch(model, rng: np.random.Generator):
 def main(argv: list[str] | None = None) -> int:
     from areal_jobs.config import AlgoConfig, DType, TrainerConfig
     from areal_jobs.trainer import torch_backend
-    from areal_jobs.trainer.loss_stats import offpolicy_stats
+    from areal_jobs.trainer.loss_stats import offpolicy_from_host, offpolicy_sums
     from areal_jobs.trainer.torch_backend import TorchBackend
 
     p = argparse.ArgumentParser(prog="python -m bench.offpolicy_cost", description=__doc__.split("\n")[0])
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     adv, mask = torch.randn(n), torch.ones(n)
     t0 = time.process_time()
     for _ in range(10):
-        offpolicy_stats(pre, behav, adv, mask, 0.2, 0.2, 20.0)
+        offpolicy_from_host(offpolicy_sums(pre, behav, adv, mask, 0.2, 0.2, 20.0).cpu().numpy())
     alone = (time.process_time() - t0) / 10
     tokens = batch.num_output_tokens
     print(
@@ -87,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  with offpolicy/* {with_s:.4f}  without {without_s:.4f}  ratio {with_s / without_s:.4f} "
           f"({1000 * (with_s - without_s):+.1f} ms per step)")  # fmt: skip
-    print(
-        f"  offpolicy_stats alone on {n} tokens: {1000 * alone:.1f} ms ({1e9 * alone / n:.0f} ns per token)"
-    )
+    print(f"  offpolicy_sums alone on {n} tokens: {1000 * alone:.1f} ms ({1e9 * alone / n:.0f} ns per token)")
     return 0
 
 

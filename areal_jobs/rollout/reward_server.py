@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import struct
 import sys
 from pathlib import Path
@@ -38,7 +37,7 @@ from areal_jobs.config import (
     load_job_config,
 )
 from areal_jobs.logs import setup_logging
-from areal_jobs.rollout.server import forward_stop_signals, start_server
+from areal_jobs.rollout.server import serve
 from areal_jobs.transport import discovery
 
 logger = logging.getLogger("areal_jobs.rollout.reward_server")
@@ -143,26 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_job_config(args.config)
     run_dir = Path(args.config).resolve().parent
     rollout, model = server_slices(cfg)
-    host = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
-    port = rollout.base_port + args.index if rollout.base_port else discovery.free_port(host)
-    token = os.environ.get("AREAL_JOB_TOKEN") or cfg.run.token
-    if not token:
-        raise SystemExit("no API key: set AREAL_JOB_TOKEN (the launcher does) or run.token")
-    server = start_server(
-        str(Path(model.path).resolve()), host, port, token, rollout, model,
-        run_dir / "logs" / f"reward-{rollout.engine.value}-{args.index}.log", seed=cfg.trainer.seed,
+    return serve(
+        cfg, run_dir, args.index, str(Path(model.path).resolve()), rollout, model,
+        f"reward-{rollout.engine.value}-{args.index}.log", seed=cfg.trainer.seed,
+        folder=discovery.REWARD_SERVERS,
     )  # fmt: skip
-    received = forward_stop_signals(server)
-    folder = discovery.REWARD_SERVERS
-    try:
-        server.wait_healthy(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
-        discovery.register_server(run_dir, args.index, host, port, server.process.pid, folder=folder)
-        logger.info("reward-model server %d ready at %s", args.index, server.url)
-        code = server.process.wait()
-        return 128 + received[0] if received else code
-    finally:
-        discovery.unregister_server(run_dir, args.index, folder=folder)
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,15 @@ from pathlib import Path
 import psutil
 import requests
 
-from areal_jobs.config import DType, ModelConfig, RolloutConfig, RolloutEngine, load_job_config, serving_dtype
+from areal_jobs.config import (
+    DType,
+    JobConfig,
+    ModelConfig,
+    RolloutConfig,
+    RolloutEngine,
+    load_job_config,
+    serving_dtype,
+)
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.lora_adapters import lora_server_args, lora_server_env
 from areal_jobs.rollout.sglang_delta import LOADER as SGLANG_DELTA_LOADER
@@ -286,6 +294,32 @@ def forward_stop_signals(server) -> list[int]:
     return received
 
 
+def serve(cfg: JobConfig, run_dir: Path, index: int, model_path: str, rollout: RolloutConfig,
+          model: ModelConfig, log_name: str, seed: int, folder: str = discovery.SERVERS) -> int:  # fmt: skip
+    """One server process's life, rollout or reward-model (rollout/reward_server.py): start the
+    engine on its port (`rollout.base_port` + index, else a free one), forward stop signals, wait
+    for health, register under RUN_DIR/<folder>/, wait for the engine's exit, unregister. Returns
+    the exit code (128 + the signal when stopped by one)."""
+    host = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
+    port = rollout.base_port + index if rollout.base_port else discovery.free_port(host)
+    token = os.environ.get("AREAL_JOB_TOKEN") or cfg.run.token
+    if not token:
+        raise SystemExit("no API key: set AREAL_JOB_TOKEN (the launcher does) or run.token")
+    server = start_server(
+        model_path, host, port, token, rollout, model, run_dir / "logs" / log_name, seed=seed
+    )
+    received = forward_stop_signals(server)
+    try:
+        server.wait_healthy(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
+        discovery.register_server(run_dir, index, host, port, server.process.pid, folder=folder)
+        logger.info("server %d ready at %s (registered in %s/)", index, server.url, folder)
+        code = server.process.wait()
+        return 128 + received[0] if received else code
+    finally:
+        discovery.unregister_server(run_dir, index, folder=folder)
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -296,28 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(f"server{args.index}")
     cfg = load_job_config(args.config)
     run_dir = Path(args.config).resolve().parent
-    host = os.environ.get("AREAL_BIND_HOST", "127.0.0.1")
-    port = cfg.rollout.base_port + args.index if cfg.rollout.base_port else discovery.free_port(host)
-    token = os.environ.get("AREAL_JOB_TOKEN") or cfg.run.token
-    if not token:
-        raise SystemExit("no API key: set AREAL_JOB_TOKEN (the launcher does) or run.token")
     model_path = cfg.model.path or str(Path(cfg.model.builtin_dir).resolve())
-    server = start_server(
-        model_path, host, port, token, cfg.rollout, cfg.model,
-        run_dir / "logs" / f"{cfg.rollout.engine.value}-{args.index}.log",
-        seed=cfg.trainer.seed + args.index,
+    return serve(
+        cfg, run_dir, args.index, model_path, cfg.rollout, cfg.model,
+        f"{cfg.rollout.engine.value}-{args.index}.log", seed=cfg.trainer.seed + args.index,
     )  # fmt: skip
-
-    received = forward_stop_signals(server)
-    try:
-        server.wait_healthy(cfg.rollout.server_start_timeout_s, cfg.control.server_start_deadline_s)
-        discovery.register_server(run_dir, args.index, host, port, server.process.pid)
-        logger.info("server %d ready at %s", args.index, server.url)
-        code = server.process.wait()
-        return 128 + received[0] if received else code
-    finally:
-        discovery.unregister_server(run_dir, args.index)
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -195,10 +195,3 @@ def offpolicy_from_host(values: np.ndarray) -> dict:
     out: dict = {name: float(v) for name, v in zip(names, values[: len(names)], strict=True)}
     out["pre_abs_log_w_hist"] = np.asarray(values[len(names) :], dtype=np.float64).copy()
     return out
-
-
-def offpolicy_stats(*args, **kwargs) -> dict:
-    """`offpolicy_sums` brought to the host on its own ({} when π_pre is unknown): for callers
-    with no sums of their own to copy with it."""
-    sums = offpolicy_sums(*args, **kwargs)
-    return {} if sums is None else offpolicy_from_host(sums.cpu().numpy())

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from areal_jobs.atomic import write_atomic
 from areal_jobs.transport import discovery
 
 logger = logging.getLogger("launch.local")
@@ -50,9 +51,7 @@ def read_target(run_dir: Path) -> int | None:
 def write_target(run_dir: Path, num_servers: int) -> None:
     if num_servers < 1:
         raise ValueError(f"a run needs at least one rollout server (asked for {num_servers})")
-    tmp = Path(run_dir) / f".{SCALE_FILE}.tmp"
-    tmp.write_text(json.dumps({"num_servers": num_servers}))
-    tmp.replace(Path(run_dir) / SCALE_FILE)
+    write_atomic(Path(run_dir) / SCALE_FILE, json.dumps({"num_servers": num_servers}))
 
 
 class ServerSet:

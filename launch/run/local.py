@@ -28,6 +28,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from areal_jobs.atomic import write_atomic
 from areal_jobs.config import (
     ClusterKind,
     JobConfig,
@@ -405,7 +406,8 @@ def _wait_all(roles: list[Role], timeout_s: float, when: str) -> str | None:
 
 
 def _write_pids(run_dir: Path, roles: list[Role]) -> None:
-    (run_dir / "pids.json").write_text(json.dumps({r.name: r.process.pid for r in roles}))
+    # tests and `launch.run.scale` poll this file while the launcher rewrites it (elastic servers)
+    write_atomic(run_dir / "pids.json", json.dumps({r.name: r.process.pid for r in roles}))
 
 
 def _postfix(row: dict) -> dict[str, str]:

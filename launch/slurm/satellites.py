@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from areal_jobs.atomic import write_atomic
 from areal_jobs.config import JobConfig, load_job_config
 from areal_jobs.transport import discovery
 from launch.planning.plan import plan_job
@@ -70,9 +71,7 @@ def read_satellites(run_dir: Path) -> list[Satellite]:
 
 
 def write_satellites(run_dir: Path, satellites: list[Satellite]) -> None:
-    tmp = Path(run_dir) / f".{SATELLITES_FILE}.tmp"
-    tmp.write_text(json.dumps([dataclasses.asdict(s) for s in satellites]))
-    tmp.replace(Path(run_dir) / SATELLITES_FILE)
+    write_atomic(Path(run_dir) / SATELLITES_FILE, json.dumps([dataclasses.asdict(s) for s in satellites]))
 
 
 def main_job_id(run_dir: Path) -> str:

@@ -58,7 +58,7 @@ def test_summary_table_has_start_and_end_greedy_and_sampled_in_length_order():
 
 def test_plot_has_a_length_panel(tmp_path):
     rows = [{"step": 1, "reward/mean": 0.2}, {"step": 1, "eval/accuracy": 0.3, "eval/version": 0}]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = {"1": {"num_prompts": 3, "greedy_start": 0.3, "greedy_end": 0.9}}
     import matplotlib.image
 
