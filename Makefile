@@ -114,11 +114,12 @@ gpu-wheels: install
 	$(PY) -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # an sdist only: built here, pure Python
 	ls -la .whl
 
-# The paper's staleness ablation in miniature (bench/README.md): eta in {0,1,2,4,8} x {decoupled, naive
-# PPO} x 2 seeds on the built-in task, about an hour on 2 cores; not part of CI.
-# make ablate OVERRIDES="--etas 0,8 --seeds 1 --steps 40 trainer.lr=6e-4"
+# Where staleness bites (bench/README.md): naive vs decoupled PPO at exact delays on countdown, one
+# command per table: ABLATE=calibrate | pilot | run | table; not part of CI.
+# make ablate ABLATE=pilot OVERRIDES="--budget-h 3"
+ABLATE ?= calibrate
 ablate: install
-	$(PY) -m bench.ablate $(OVERRIDES)
+	$(PY) -m bench.ablate $(ABLATE) $(OVERRIDES)
 
 ci: lint test
 

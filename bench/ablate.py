@@ -4,8 +4,8 @@ One command per table (bench/README.md, "Where staleness bites"):
 
     python -m bench.ablation_probe                 # first, no servers: gradient cosines per delay
     python -m bench.ablate calibrate               # pre-clipped share per lr x delay (calibration.md)
-    python -m bench.ablate pilot --lr 1e-3         # 5 paired seeds at the largest delay (pilot.md)
-    python -m bench.ablate run --lr 1e-3 --seeds 1,2,3,4,5,6,7,8   # the ablation (ablation.md/png)
+    python -m bench.ablate pilot --lr 3e-4         # 5 paired seeds at the largest delay (pilot.md)
+    python -m bench.ablate run --lr 3e-4 --seeds 1,2,3,4,5,6,7,8   # the ablation (ablation.md/png)
     python -m bench.ablate table                   # re-aggregate every finished run, start no new one
 
 Every run is one `python -m launch.local experiment=countdown` (as `make run EXP=countdown`) with
@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delays", type=_ints, default=None, help="algo.exact_delay values")
     p.add_argument("--seeds", type=_ints, default=None, help="trainer.seed values (paired across arms)")
     p.add_argument(
-        "--lrs", "--lr", type=_floats, default=None, help="trainer.lr values (calibrate: 3e-4,1e-3,3e-3)"
+        "--lrs", "--lr", type=_floats, default=None, help="trainer.lr values (calibrate: 1.5e-4,3e-4,6e-4; else 3e-4)"
     )
     p.add_argument("--minibatches", type=_ints, default=[4], help="algo.ppo_minibatches values")
     p.add_argument("--steps", type=int, default=120, help="trainer.total_steps of every run")
@@ -100,7 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.delays = args.delays if args.delays is not None else _ints(delays)
     args.seeds = args.seeds if args.seeds is not None else _ints(seeds)
     if args.lrs is None:
-        args.lrs = [3e-4, 1e-3, 3e-3] if args.command == "calibrate" else [1e-3]
+        # countdown's warm start learns at 3e-4 and breaks within 40 steps at 6e-4 (README.md)
+        args.lrs = [1.5e-4, 3e-4, 6e-4] if args.command == "calibrate" else [3e-4]
     if set(args.arms) - set(ARMS) or not args.arms:
         p.error(f"--arms: choose from {','.join(ARMS)} (got {args.arms})")
     if args.steps < 1 or not args.delays or not args.seeds or min(args.delays) < 0:

@@ -104,7 +104,9 @@ def gradient_cosines(backend, batch) -> dict[str, float]:
             stats = s
     model.zero_grad(set_to_none=True)
 
-    def cos(a, b):
+    def cos(a, b):  # nan, not 0, where a gradient is zero (every group's rewards equal: no signal)
+        if not (a.abs().sum() > 0 and b.abs().sum() > 0):
+            return float("nan")
         return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
 
     metrics = stats.to_metrics()

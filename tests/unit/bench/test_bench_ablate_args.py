@@ -11,7 +11,7 @@ from bench.harness import held_flock
 
 def test_command_defaults_and_overrides():
     args = parse_args(["calibrate"])
-    assert args.arms == ["decoupled"] and args.delays == [0, 32] and args.lrs == [3e-4, 1e-3, 3e-3]
+    assert args.arms == ["decoupled"] and args.delays == [0, 32] and args.lrs == [1.5e-4, 3e-4, 6e-4]
     assert "experiment=countdown" in args.overrides and "run.eval_every_steps=0" in args.overrides
     args = parse_args(["run", "--lr", "2e-3", "run.eval_every_steps=20"])
     assert args.arms == ["naive", "decoupled", "decoupled_nocap"] and args.delays == [0, 2, 8, 32]

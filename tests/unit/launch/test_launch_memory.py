@@ -256,7 +256,7 @@ def test_every_committed_experiment_fits(experiment: str) -> None:
         cfg = compose(config_name="submit", overrides=[f"experiment={experiment}"])
     job = to_job_config(cfg)
     if job.cluster.kind is ClusterKind.local:  # a CPU recipe (local_*): nothing to size
-        assert experiment in {"local_own_model", "local_reward_model"}
+        assert experiment in {"countdown", "local_own_model", "local_reward_model"}
         return
     prepared = prepare(job, cwd="/shared/areal_jobs", python="python")
     assert prepared.memory is not None, "a committed experiment names its model.shape"
