@@ -83,7 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delays", type=_ints, default=None, help="algo.exact_delay values")
     p.add_argument("--seeds", type=_ints, default=None, help="trainer.seed values (paired across arms)")
     p.add_argument(
-        "--lrs", "--lr", type=_floats, default=None, help="trainer.lr values (calibrate: 1.5e-4,3e-4,6e-4; else 3e-4)"
+        "--lrs",
+        "--lr",
+        type=_floats,
+        default=None,
+        help="trainer.lr values (calibrate: 1.5e-4,3e-4,6e-4; else 3e-4)",
     )
     p.add_argument("--minibatches", type=_ints, default=[4], help="algo.ppo_minibatches values")
     p.add_argument("--steps", type=int, default=120, help="trainer.total_steps of every run")
