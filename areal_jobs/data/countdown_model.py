@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from areal_jobs.data import countdown_task
-from areal_jobs.data.tiny_model import EOS_TOKEN, build_tokenizer, left_pad, sft_loop
+from areal_jobs.data.tiny_model import EOS_TOKEN, build_tokenizer, left_pad, model_config, sft_loop
 
 logger = logging.getLogger(__name__)
 
@@ -78,26 +78,6 @@ def tokenizer_corpus(num_problems: int = 3000) -> list[str]:
         p = countdown_task.problem_at(SFT_SEED + 2, i)
         corpus += [p.prompt, countdown_task.guided_solution(p, rng)]
     return corpus
-
-
-def model_config(recipe: CountdownRecipe, vocab_size: int):
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_layers,
-        num_attention_heads=recipe.num_heads,
-        num_key_value_heads=recipe.num_kv_heads,
-        max_position_embeddings=recipe.max_positions,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        torch_dtype="float32",
-    )
 
 
 def build(out_dir: Path, recipe: CountdownRecipe, threads: int = 2, base: Path | None = None) -> dict:

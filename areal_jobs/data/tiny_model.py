@@ -92,6 +92,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int, corpus: list[str] | None = N
 
 
 def model_config(recipe: TinyRecipe, vocab_size: int):
+    """The tiny Qwen2 of `recipe`'s shape fields (TinyRecipe's; countdown_model's recipe has the same)."""
     from transformers import Qwen2Config
 
     return Qwen2Config(
