@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import random
 import re
 import shutil
@@ -39,7 +38,7 @@ from areal_jobs.data.arith_tools import (
     segment_ids,
     tool_worked_solution,
 )
-from areal_jobs.data.tiny_model import PACKAGED_DIR, SFT_SEED, TinyRecipe, left_pad, sft_loop
+from areal_jobs.data.tiny_model import PACKAGED_DIR, SFT_SEED, TinyRecipe, left_pad, sft_loop, warmup_cosine
 
 logger = logging.getLogger(__name__)
 
@@ -89,12 +88,7 @@ def build_tools_model(out_dir: Path, recipe: ToolRecipe, base: Path = PACKAGED_D
     model = Qwen2ForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
     rng = random.Random(recipe.seed + 3)
     total = recipe.format_steps + recipe.steps
-    warmup = max(1, total // 10)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return recipe.lr * (step + 1) / warmup
-        return recipe.lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+    lr_at = warmup_cosine(recipe.lr, total)
 
     def example_at(problem: arith_task.ArithProblem, step: int) -> tuple[list[int], list[int]]:
         rate = recipe.format_tool_rate if step < recipe.format_steps else recipe.tool_rate

@@ -22,7 +22,6 @@ import argparse
 import functools
 import json
 import logging
-import math
 import random
 import sys
 import time
@@ -31,7 +30,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from areal_jobs.data import countdown_task
-from areal_jobs.data.tiny_model import EOS_TOKEN, build_tokenizer, left_pad, model_config, sft_loop
+from areal_jobs.data.tiny_model import (
+    EOS_TOKEN,
+    build_tokenizer,
+    left_pad,
+    model_config,
+    sft_loop,
+    warmup_cosine,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -128,13 +134,6 @@ def _phase(model, tokenizer, recipe, steps: int, decay_steps: int, lr: float, wo
     import torch
 
     rng = random.Random(recipe.seed + rng_seed)  # the worked answers' choices
-    warmup = max(1, decay_steps // 10)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, decay_steps - warmup))
-        return lr * 0.5 * (1 + math.cos(math.pi * progress))
 
     def example_at(problem: countdown_task.CountdownProblem, step: int) -> tuple[list[int], list[int]]:
         prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
@@ -144,7 +143,7 @@ def _phase(model, tokenizer, recipe, steps: int, decay_steps: int, lr: float, wo
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     return sft_loop(
-        model, opt, recipe.sft_tokens_per_step, steps, lr_at, example_at, stream_seed, desc,
+        model, opt, recipe.sft_tokens_per_step, steps, warmup_cosine(lr, decay_steps), example_at, stream_seed, desc,
         problem_at=countdown_task.problem_at,
     )  # fmt: skip
 

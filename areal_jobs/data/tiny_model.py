@@ -21,6 +21,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -237,16 +238,11 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe, phase3_only: bool = False)
         return float("nan")
     loss = float("nan")
     if not phase3_only:
-        warmup = max(1, recipe.sft_decay_steps // 10)
         slips = random.Random(recipe.seed + 1)
+        sft_lr = warmup_cosine(recipe.sft_lr, recipe.sft_decay_steps)
 
         def lr12(step: int) -> float:
-            if step >= recipe.sft_steps:
-                return recipe.careless_lr
-            if step < warmup:
-                return recipe.sft_lr * (step + 1) / warmup
-            progress = (step - warmup) / max(1, recipe.sft_decay_steps - warmup)
-            return recipe.sft_lr * 0.5 * (1 + math.cos(math.pi * progress))
+            return recipe.careless_lr if step >= recipe.sft_steps else sft_lr(step)
 
         def answer12(problem: arith_task.ArithProblem, step: int) -> str | None:
             if step < recipe.sft_steps:
@@ -261,13 +257,8 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe, phase3_only: bool = False)
         )  # fmt: skip
     if recipe.misconception_steps:
         mistakes = random.Random(recipe.seed + 2)
-        warmup3 = max(1, recipe.misconception_steps // 10)
-
-        def lr3(step: int) -> float:  # warm-up, then cosine to 0: the last weights fit the data's odds
-            if step < warmup3:
-                return recipe.misconception_lr * (step + 1) / warmup3
-            progress = (step - warmup3) / max(1, recipe.misconception_steps - warmup3)
-            return recipe.misconception_lr * 0.5 * (1 + math.cos(math.pi * progress))
+        # warm-up, then cosine to 0: the last weights fit the data's odds
+        lr3 = warmup_cosine(recipe.misconception_lr, recipe.misconception_steps)
 
         def answer3(problem: arith_task.ArithProblem, step: int) -> str:
             return arith_task.worked_solution(
@@ -282,6 +273,20 @@ def _warm_start(model, tokenizer, recipe: TinyRecipe, phase3_only: bool = False)
         )  # fmt: skip
     model.eval()
     return loss
+
+
+def warmup_cosine(peak_lr: float, decay_steps: int) -> Callable[[int], float]:
+    """The warm starts' schedule: linear warm-up over a tenth of `decay_steps`, then cosine from
+    `peak_lr` to 0 at `decay_steps` (0 after it)."""
+    warmup = max(1, decay_steps // 10)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return peak_lr * (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, decay_steps - warmup))
+        return peak_lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return lr_at
 
 
 def answer_examples(tokenizer, answer_at):
