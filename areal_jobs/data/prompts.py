@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from areal_jobs.config import DataConfig, Dataset
+from areal_jobs.config.data import BUILTIN_DATASETS
 from areal_jobs.data import arith_task, countdown_task
 from areal_jobs.data.chat import PromptFormat
 
@@ -68,7 +69,7 @@ def _row_from_json(fmt: PromptFormat, obj: dict) -> Row:
         if not isinstance(tests, list) or not tests:
             raise ValueError("'tests' must be a non-empty list of {input, output}")
         return Row(fmt.render_row(obj), json.dumps({"tests": tests}))
-    if fmt.dataset in (Dataset.arith, Dataset.countdown):
+    if fmt.dataset in BUILTIN_DATASETS:
         raise ValueError("the built-in tasks have no file rows")
     return Row(fmt.render_row(obj), fmt.reference(obj))
 
