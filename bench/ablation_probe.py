@@ -38,7 +38,7 @@ def sample_batch(model, tokenizer, problems, version: int, group_size: int, max_
     from areal_jobs.data.tiny_model import left_pad
     from areal_jobs.reward.countdown import reward_countdown
     from areal_jobs.trainer.batch import TrainSample, assemble
-    from areal_jobs.trainer.torch_backend import token_logprobs
+    from areal_jobs.trainer.hf_logprobs import token_logprobs
     from areal_jobs.transport import messages as m
 
     groups = []
@@ -78,8 +78,9 @@ def gradient_cosines(backend, batch) -> dict[str, float]:
     """Naive, decoupled (cap 5) and decoupled (no cap) gradients of the batch's first minibatch
     at the backend's current weights; their cosines and the minibatch's offpolicy/* statistics."""
     from areal_jobs.config.algo import BehavWeightMode
+    from areal_jobs.trainer.hf_logprobs import token_logprobs
     from areal_jobs.trainer.loss import LossStats, ppo_loss
-    from areal_jobs.trainer.torch_backend import loss_inputs, split_minibatches, step_weights, token_logprobs
+    from areal_jobs.trainer.minibatches import loss_inputs, split_minibatches, step_weights
 
     model, algo = backend.model, backend.algo
     first = split_minibatches(batch.samples, algo)[0]

@@ -5,7 +5,7 @@ through: packed forward, LM head, log-probs and entropy, backward into every wei
 of width 64 with 2 layers and the real vocabulary (151,936, tied embeddings, random weights),
 4 packed sequences, at 1k/2k/4k/8k tokens (quick: 1k/2k), with `trainer.logprob_chunk_tokens`
 0 (the full-vocabulary path, as before) and 1024 (the default). Also the LM head alone
-(`torch_backend.packed_head_logprobs` on random hidden states: log-probs and entropy, backward
+(`hf_logprobs.packed_head_logprobs` on random hidden states: log-probs and entropy, backward
 into the hidden states and the weight), which is what chunking changes, chunked up to 32k tokens;
 the rest of the whole-path figure is the model's own activations and attention (issue 25 item 2,
 elsewhere). A point that dies (out of memory: the full-vocabulary path at 8k tokens needs over
@@ -83,7 +83,7 @@ def _measure_here(what: str, num_tokens: int, chunk: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from areal_jobs.trainer.torch_backend import packed_head_logprobs, token_logprobs
+    from areal_jobs.trainer.hf_logprobs import packed_head_logprobs, token_logprobs
 
     torch.set_num_threads(1)
     model = _model()

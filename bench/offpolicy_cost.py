@@ -29,7 +29,7 @@ def make_batch(model, rng: np.random.Generator):
     from areal_jobs.data import arith_task
     from areal_jobs.data.tokenizer import load_tokenizer
     from areal_jobs.trainer.batch import TrainBatch, TrainSample
-    from areal_jobs.trainer.torch_backend import token_logprobs
+    from areal_jobs.trainer.hf_logprobs import token_logprobs
 
     tok = load_tokenizer(str(REPO / "areal_jobs" / "data" / "builtin_model"))
     samples = []

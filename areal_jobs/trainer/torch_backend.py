@@ -34,18 +34,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, DType, LoraConfig, Recompute, TrainerConfig
 from areal_jobs.config.algo import ProxLogp
-from areal_jobs.data.packing import balanced_microbatches, pack
+from areal_jobs.data.packing import balanced_microbatches
 from areal_jobs.trainer import lora as lora_adapters
-from areal_jobs.trainer.attention import hf_attn_implementation, packed_forward_kwargs
+from areal_jobs.trainer.attention import hf_attn_implementation
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.hf_logprobs import enable_layer_recompute, token_logprobs
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
-from areal_jobs.trainer.logprobs import head_logprobs, resolve_kernel
-from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, pre_step_logp, token_weights
+from areal_jobs.trainer.logprobs import resolve_kernel
+from areal_jobs.trainer.loss import LossStats, loglinear_prox_logp, ppo_loss, pre_step_logp
+from areal_jobs.trainer.minibatches import (
+    loss_inputs,
+    prox_from_gradient_pass,
+    split_minibatches,
+    step_weights,
+)
 from areal_jobs.trainer.packed_attention import check_attention_device
 from areal_jobs.trainer.state_bytes import trainer_state_bytes
 
@@ -57,167 +63,6 @@ _TOKENIZER_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
-
-
-def token_logprobs(
-    model: torch.nn.Module,
-    samples: list[TrainSample],
-    device: torch.device | None = None,
-    *,
-    with_entropy: bool = False,
-    temperature: float = 1.0,
-    chunk_tokens: int = 1024,
-    entropy_grad: bool = False,
-    kernel: str = "torch",
-) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Log-probs of every output token of every sample under `model` at `temperature`, from one
-    packed forward.
-
-    Returns one float32 tensor [n_i] per sample (differentiable if grad is enabled), on `device`
-    (the FSDP backend's GPU; None = CPU); with `with_entropy` also the policy's entropy at each of
-    those positions, detached unless `entropy_grad` (algo.entropy_coef > 0: a loss term). The LM
-    head runs `chunk_tokens` output positions at a time (trainer/logprobs.py); 0 = the path before
-    chunking (`_full_vocab`); `kernel` its softmax side ("torch" or "triton", logprobs.resolve_kernel).
-    """
-    packed = pack([s.input_ids for s in samples])
-    input_ids = torch.from_numpy(packed.input_ids).unsqueeze(0).to(device)
-    position_ids = torch.from_numpy(packed.position_ids).unsqueeze(0).to(device)
-    boundaries = packed_forward_kwargs(model, packed.cu_seqlens)  # varlen attention's sequences
-    hidden, weight = final_hidden_states(model, input_ids, position_ids, **boundaries)
-    logp, entropy = packed_head_logprobs(
-        hidden, weight, input_ids[0], samples, packed.cu_seqlens[:-1].tolist(),
-        temperature=temperature, chunk_tokens=chunk_tokens, entropy_grad=entropy_grad, kernel=kernel,
-    )  # fmt: skip
-    return (logp, entropy) if with_entropy else logp
-
-
-def packed_head_logprobs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    ids: torch.Tensor,
-    samples: list[TrainSample],
-    starts: list[int],
-    *,
-    temperature: float,
-    chunk_tokens: int,
-    entropy_grad: bool = False,
-    kernel: str = "torch",
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The LM-head half of token_logprobs: hidden states [T, H] of a packed row `ids` [T] (sample
-    i starting at starts[i]) -> per sample (log-probs [n_i], entropies [n_i]) of its outputs."""
-    if chunk_tokens == 0:
-        return _full_vocab(hidden, weight, ids, samples, starts, temperature, entropy_grad)
-    # hidden state at position t predicts token t + 1: a sample's outputs start at its prompt length
-    rows = torch.from_numpy(
-        np.concatenate(
-            [np.zeros(0, np.int64)]
-            + [
-                np.arange(a + s.num_prompt_tokens - 1, a + len(s.input_ids) - 1)
-                for s, a in zip(samples, starts)
-            ]
-        )
-    ).to(ids.device)
-    logp, entropy = head_logprobs(
-        hidden.index_select(0, rows),
-        weight,
-        ids.index_select(0, rows + 1),
-        temperature=temperature,
-        chunk_tokens=chunk_tokens,
-        entropy_grad=entropy_grad,
-        kernel=kernel,
-    )
-    sizes = [s.num_output_tokens for s in samples]
-    return list(logp.split(sizes)), list(entropy.split(sizes))
-
-
-def _full_vocab(hidden, weight, ids, samples, starts, temperature, entropy_grad):
-    """trainer.logprob_chunk_tokens=0: the algorithm before chunking, kept to measure against
-    (its memory included): float32 logits of every position [T, V], a log-softmax per sample."""
-    logits = F.linear(hidden, weight).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    out, entropies = [], []
-    for s, start in zip(samples, starts):
-        first, last = start + s.num_prompt_tokens - 1, start + len(s.input_ids) - 1
-        logp = torch.log_softmax(logits[first:last], dim=-1)
-        out.append(logp.gather(-1, ids[first + 1 : last + 1, None]).squeeze(-1))
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropies.append(-(logp.exp() * logp).sum(-1))
-    return out, entropies
-
-
-# config attributes of HF models whose forward changes the logits after the LM head
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-
-
-def final_hidden_states(
-    model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, **forward_kwargs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(final hidden states [T, H], LM-head weight [V, H]) from one forward of the whole HF causal LM.
-
-    The whole model runs (under FSDP2 the root's hooks unshard and reduce its parameters, the
-    tied head included), but its head is handed zero positions: what it would have multiplied is
-    taken on the way in, so no logits exist. The weight is the one the head holds during that
-    forward (FSDP2's unsharded parameter; the root keeps it unsharded until its backward ends).
-    """
-    head = model.get_output_embeddings()
-    config = getattr(model, "config", None)
-    transforms = [k for k in _LOGIT_TRANSFORMS if getattr(config, k, None) not in (None, 1, 1.0)]
-    if head is None or getattr(head, "bias", None) is not None or transforms:
-        raise ValueError(
-            f"{type(model).__name__}: the trainer computes log-probs from the LM head's weight alone; "
-            f"this model's head has a bias or transforms its logits ({transforms}): not supported"
-        )
-    seen: dict[str, torch.Tensor] = {}
-
-    def take(module: torch.nn.Module, args: tuple) -> tuple:
-        seen["hidden"], seen["weight"] = args[0], module.weight
-        return (args[0][:, :0],)
-
-    handle = head.register_forward_pre_hook(take)
-    try:
-        model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **forward_kwargs)
-    finally:
-        handle.remove()
-    return seen["hidden"][0], seen["weight"]
-
-
-def loss_inputs(samples: list[TrainSample], agg_weights: list[np.ndarray]) -> dict[str, torch.Tensor]:
-    """Advantages, aggregation weights and sample index per token of one micro-batch, float32."""
-    return {
-        "advantages": torch.cat([torch.full((s.num_output_tokens,), s.advantage) for s in samples]),
-        "token_weight": torch.cat([torch.as_tensor(a, dtype=torch.float32) for a in agg_weights]),
-        "seq_index": torch.cat([torch.full((s.num_output_tokens,), i) for i, s in enumerate(samples)]),
-    }
-
-
-def enable_layer_recompute(model: torch.nn.Module) -> None:
-    """trainer.recompute=full on a transformers model: each decoder layer keeps only its input
-    and runs again in backward (non-reentrant checkpointing: no input needs requires_grad)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def split_minibatches(samples: list[TrainSample], algo: AlgoConfig) -> list[list[int]]:
-    """Sample indices of each optimiser step: `algo.ppo_minibatches` minibatches balanced by
-    output tokens (fewer when the batch has fewer samples). Every backend splits this way."""
-    outputs = [s.num_output_tokens for s in samples]
-    return balanced_microbatches(outputs, sum(outputs), min_count=min(algo.ppo_minibatches, len(samples)))
-
-
-def prox_from_gradient_pass(algo: AlgoConfig, minibatches: list[list[int]]) -> set[int]:
-    """Samples whose proximal log-probs the gradient pass supplies (prox_logp=current): those of
-    the first minibatch, whose pass runs the pre-step weights. The others need the no-grad pass."""
-    if algo.decoupled and algo.prox_logp is ProxLogp.current:
-        return set(minibatches[0])
-    return set()
-
-
-def step_weights(
-    samples: list[TrainSample], minibatch: list[int], algo: AlgoConfig, max_new_tokens: int
-) -> dict[int, np.ndarray]:
-    """Aggregation weights of one optimiser step's samples (loss.py token_weights), by index."""
-    masks = [samples[i].mask() for i in minibatch]
-    return dict(zip(minibatch, token_weights(masks, algo.loss_agg, max_new_tokens), strict=True))
 
 
 class TorchBackend:

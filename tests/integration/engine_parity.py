@@ -15,7 +15,8 @@ from areal_jobs.data.prompts import eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.trainer import lora
 from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
+from areal_jobs.trainer.hf_logprobs import token_logprobs
+from areal_jobs.trainer.torch_backend import TorchBackend
 
 # |server - trainer| per generated token, float32 on CPU: mean, max. Tight enough that the base
 # model beside an adapted server (or an untempered reference) fails it by 20x or more.

@@ -48,20 +48,19 @@ from areal_jobs.trainer.batch import TrainBatch, TrainSample
 from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.fsdp import state as fsdp_state
+from areal_jobs.trainer.hf_logprobs import enable_layer_recompute, token_logprobs
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
 from areal_jobs.trainer.logprobs import resolve_kernel
 from areal_jobs.trainer.loss import LossStats, ppo_loss, pre_step_logp
-from areal_jobs.trainer.packed_attention import check_attention_device
-from areal_jobs.trainer.process_group import join_default_group
-from areal_jobs.trainer.state_bytes import trainer_state_bytes
-from areal_jobs.trainer.torch_backend import (
-    enable_layer_recompute,
+from areal_jobs.trainer.minibatches import (
     loss_inputs,
     prox_from_gradient_pass,
     split_minibatches,
     step_weights,
-    token_logprobs,
 )
+from areal_jobs.trainer.packed_attention import check_attention_device
+from areal_jobs.trainer.process_group import join_default_group
+from areal_jobs.trainer.state_bytes import trainer_state_bytes
 
 logger = logging.getLogger(__name__)
 

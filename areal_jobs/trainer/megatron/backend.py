@@ -4,7 +4,7 @@ A drop-in for the torch backend: same batches in, same loss, HF-named weights ou
 One `train_step`:
   1. rank 0's TrainBatch is broadcast (transport/batch_codec.py bytes, no pickle); it is split
      into the torch backend's `algo.ppo_minibatches` token-balanced minibatches
-     (torch_backend.split_minibatches); each minibatch's samples are split over DP ranks
+     (minibatches.split_minibatches); each minibatch's samples are split over DP ranks
      (balanced by tokens) and packed into micro-batches under `trainer.max_tokens_per_microbatch`,
      with the same number of micro-batches on every DP rank (padded with empty ones);
   2. before the first optimiser step, forward-only passes with the pre-step weights: proximal
@@ -68,8 +68,8 @@ from areal_jobs.trainer.megatron.convert import ModelDims, ParamMap, param_maps
 from areal_jobs.trainer.megatron.dist import init_distributed
 from areal_jobs.trainer.megatron.head import OutputHead
 from areal_jobs.trainer.megatron.microbatch import MicroBatch, build_microbatch
+from areal_jobs.trainer.minibatches import prox_from_gradient_pass, split_minibatches, step_weights
 from areal_jobs.trainer.packed_attention import check_attention_device
-from areal_jobs.trainer.torch_backend import prox_from_gradient_pass, split_minibatches, step_weights
 
 logger = logging.getLogger(__name__)
 

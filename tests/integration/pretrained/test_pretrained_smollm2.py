@@ -25,7 +25,8 @@ from areal_jobs.config import AlgoConfig, DataConfig, Dataset, DType, TrainerCon
 from areal_jobs.data.prompts import load_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
+from areal_jobs.trainer.hf_logprobs import token_logprobs
+from areal_jobs.trainer.torch_backend import TorchBackend
 from tests.integration.sglang.sglang_harness import Broadcaster, client_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

@@ -40,7 +40,8 @@ from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.snapshot import load_snapshot, save_snapshot
 from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
+from areal_jobs.trainer.hf_logprobs import token_logprobs
+from areal_jobs.trainer.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.sglang
 

@@ -22,7 +22,7 @@ from areal_jobs.trainer.attention import (
     hf_attn_implementation,
 )
 from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.torch_backend import token_logprobs
+from areal_jobs.trainer.hf_logprobs import token_logprobs
 
 # Both paths are judged against a float64 forward of the same weights, in float32 ulps of each
 # true log-prob (np.spacing: 4.8e-7 for the -4..-7 here), so the bound follows the rounding, not

@@ -17,8 +17,8 @@ import torch
 from areal_jobs.config import Attention
 from areal_jobs.trainer.attention import hf_attn_implementation
 from areal_jobs.trainer.batch import TrainSample
+from areal_jobs.trainer.hf_logprobs import enable_layer_recompute, token_logprobs
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
-from areal_jobs.trainer.torch_backend import enable_layer_recompute, token_logprobs
 
 VOCAB = 97
 

@@ -14,8 +14,8 @@ from float_ulps import assert_within_ulps
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from areal_jobs.trainer.batch import TrainSample
+from areal_jobs.trainer.hf_logprobs import token_logprobs
 from areal_jobs.trainer.logprobs import head_logprobs
-from areal_jobs.trainer.torch_backend import token_logprobs
 
 N, H, V = 37, 16, 50  # 37 scored tokens: most chunk sizes below do not divide it
 

@@ -24,6 +24,7 @@ from areal_jobs.trainer.attention import (
     packed_causal_attention,
 )
 from areal_jobs.trainer.batch import TrainSample
+from areal_jobs.trainer.hf_logprobs import token_logprobs
 from areal_jobs.trainer.packed_attention import (
     FLEX_BLOCK,
     PackedLayout,
@@ -35,7 +36,6 @@ from areal_jobs.trainer.packed_attention import (
     layout_of,
     varlen_attn_arguments,
 )
-from areal_jobs.trainer.torch_backend import token_logprobs
 
 # sequences of 1 token, several tiles, exactly one tile, crossing tile edges; 9 + 300 + 128 + 2 + 61
 BOUNDS = [0, 1, 10, 310, 438, 440, 501]

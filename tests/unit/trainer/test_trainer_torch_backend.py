@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
 from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.torch_backend import TorchBackend, token_logprobs
+from areal_jobs.trainer.hf_logprobs import token_logprobs
+from areal_jobs.trainer.torch_backend import TorchBackend
 
 
 def make_backend(path, **algo):
