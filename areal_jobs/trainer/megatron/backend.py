@@ -3,12 +3,12 @@
 A drop-in for the torch backend: same batches in, same loss, HF-named weights out.
 One `train_step`:
   1. rank 0's TrainBatch is broadcast (transport/batch_codec.py bytes, no pickle); it is split
-     into the torch backend's `algo.ppo_minibatches` token-balanced minibatches
+     into the `algo.ppo_minibatches` token-balanced minibatches
      (minibatches.split_minibatches); each minibatch's samples are split over DP ranks
      (balanced by tokens) and packed into micro-batches under `trainer.max_tokens_per_microbatch`,
      with the same number of micro-batches on every DP rank (padded with empty ones);
   2. before the first optimiser step, forward-only passes with the pre-step weights: proximal
-     log-probs for the samples the gradient pass does not supply (torch_backend.
+     log-probs for the samples the gradient pass does not supply (minibatches.
      prox_from_gradient_pass: with algo.prox_logp=current only the later minibatches', since the
      first minibatch's gradient pass runs those very weights; recompute: all), and with
      algo.kl_coef > 0 the reference log-probs of every sample from a frozen second GPTModel
