@@ -33,7 +33,7 @@ from areal_jobs.data import countdown_task
 from areal_jobs.data.tiny_model import (
     EOS_TOKEN,
     build_tokenizer,
-    left_pad,
+    heldout_scores,
     model_config,
     sft_loop,
     warmup_cosine,
@@ -151,31 +151,17 @@ def _phase(model, tokenizer, recipe, steps: int, decay_steps: int, lr: float, wo
 def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) -> dict[str, float]:
     """Held-out accuracy (data.seed=1's evaluation stream), greedy and sampled at temperature 1,
     with HF generate and the reward service's verifier; also the mean answer length in tokens."""
-    import torch
-
     from areal_jobs.reward.countdown import reward_countdown
 
-    torch.manual_seed(seed)
     problems = [countdown_task.eval_problem_at(seed, i) for i in range(num_prompts)]
-    out: dict[str, float] = {}
-    for name, sample in (("greedy", False), ("sampled", True)):
-        correct, tokens = 0.0, 0
-        for start in range(0, num_prompts, 64):
-            chunk = problems[start : start + 64]
-            ids, mask = left_pad([tokenizer.encode(p.prompt, add_special_tokens=False) for p in chunk])
-            with torch.no_grad():
-                gen = model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS, do_sample=sample,
-                    temperature=1.0 if sample else None, top_p=1.0, top_k=0, pad_token_id=0, eos_token_id=0,
-                )  # fmt: skip
-            for row, p in enumerate(chunk):
-                answer = gen[row, ids.shape[1] :]
-                tokens += int((answer != 0).sum()) + 1
-                text = tokenizer.decode(answer, skip_special_tokens=True)
-                correct += reward_countdown(text, p.reference).reward
-        out[name] = correct / num_prompts
-        out[f"{name}_mean_tokens"] = tokens / num_prompts
-    return out
+    return heldout_scores(
+        model,
+        tokenizer,
+        problems,
+        lambda text, p: reward_countdown(text, p.reference).reward,
+        MAX_NEW_TOKENS,
+        seed,
+    )
 
 
 def measure(folder: Path, num_prompts: int = 256) -> dict[str, float]:

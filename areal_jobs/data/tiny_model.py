@@ -180,29 +180,40 @@ def left_pad(rows: list[list[int]]):
     return ids, mask
 
 
-def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) -> dict[str, float]:
-    """Accuracy on the held-out stream (data.seed=1), greedy and sampled at temperature 1."""
+def heldout_scores(
+    model, tokenizer, problems: list, score, max_new_tokens: int, seed: int = 1
+) -> dict[str, float]:
+    """Mean `score(answer_text, problem)` over `problems`, greedy and sampled at temperature 1 with
+    HF generate (64 prompts a call, left-padded), and the mean answer length in tokens (EOS counted)."""
     import torch
 
     torch.manual_seed(seed)
-    problems = [arith_task.eval_problem_at(seed, i) for i in range(num_prompts)]
-    out = {}
+    out: dict[str, float] = {}
     for name, sample in (("greedy", False), ("sampled", True)):
-        correct = 0
-        for start in range(0, num_prompts, 64):
+        correct, tokens = 0.0, 0
+        for start in range(0, len(problems), 64):
             chunk = problems[start : start + 64]
-            encoded = [tokenizer.encode(p.prompt, add_special_tokens=False) for p in chunk]
-            ids, mask = left_pad(encoded)
+            ids, mask = left_pad([tokenizer.encode(p.prompt, add_special_tokens=False) for p in chunk])
             with torch.no_grad():
                 gen = model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=256, do_sample=sample,
+                    input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
                     temperature=1.0 if sample else None, top_p=1.0, top_k=0, pad_token_id=0, eos_token_id=0,
                 )  # fmt: skip
             for row, p in enumerate(chunk):
-                text = tokenizer.decode(gen[row, ids.shape[1] :], skip_special_tokens=True)
-                correct += arith_task.reward(text, str(p.answer)).reward
-        out[name] = correct / num_prompts
+                answer = gen[row, ids.shape[1] :]
+                tokens += int((answer != 0).sum()) + 1
+                correct += score(tokenizer.decode(answer, skip_special_tokens=True), p)
+        out[name] = correct / len(problems)
+        out[f"{name}_mean_tokens"] = tokens / len(problems)
     return out
+
+
+def heldout_accuracy(model, tokenizer, num_prompts: int = 256, seed: int = 1) -> dict[str, float]:
+    """Accuracy on the held-out stream (data.seed=1), greedy and sampled at temperature 1."""
+    problems = [arith_task.eval_problem_at(seed, i) for i in range(num_prompts)]
+    return heldout_scores(
+        model, tokenizer, problems, lambda text, p: arith_task.reward(text, str(p.answer)).reward, 256, seed
+    )
 
 
 def sft_example(
