@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LocalSlurm
+from local_slurm import LocalSlurm
 
 from areal_jobs.config import (
     ClusterConfig,

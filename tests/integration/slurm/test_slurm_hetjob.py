@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LocalSlurm, local_port_overrides
+from local_slurm import LocalSlurm, local_port_overrides
 
 pytestmark = pytest.mark.slurm
 

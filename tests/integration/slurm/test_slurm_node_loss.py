@@ -16,7 +16,7 @@ from pathlib import Path
 
 import fake_roles
 import pytest
-from conftest import NUM_NODES, LocalSlurm
+from local_slurm import NUM_NODES, LocalSlurm
 from test_slurm_hetjob import submit
 
 pytestmark = pytest.mark.slurm

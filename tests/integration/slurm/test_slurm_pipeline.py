@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LocalSlurm, local_port_overrides
+from local_slurm import LocalSlurm, local_port_overrides
 
 from areal_jobs.metrics import read_jsonl
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import fake_roles
 import pytest
 import yaml
-from conftest import LocalSlurm
+from local_slurm import LocalSlurm
 from test_slurm_hetjob import REPO, submit
 
 pytestmark = pytest.mark.slurm

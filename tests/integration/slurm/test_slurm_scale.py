@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import test_slurm_pipeline as pipeline  # its helpers; a module import keeps its tests out of this module
-from conftest import LocalSlurm
+from local_slurm import LocalSlurm
 
 from areal_jobs.metrics import read_jsonl
 

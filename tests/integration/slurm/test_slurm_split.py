@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LocalSlurm, local_port_overrides
+from local_slurm import LocalSlurm, local_port_overrides
 from test_slurm_hetjob import _snapshot, submit
 from test_slurm_pipeline import JOB_TIMEOUT_S, dump_logs, lean_overrides, make_submit
 

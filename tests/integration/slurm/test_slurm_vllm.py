@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import LocalSlurm, free_port_block
+from local_slurm import LocalSlurm, free_port_block
 from test_slurm_pipeline import dump_logs, lean_overrides, make_submit
 
 from areal_jobs.metrics import read_jsonl
