@@ -5,7 +5,7 @@ import fcntl
 
 import pytest
 
-from bench.ablate import launch_cmd, parse_args, plan, run_name
+from bench.ablate import estimated_hours, launch_cmd, parse_args, plan, run_name
 from bench.harness import held_flock
 
 
@@ -52,3 +52,28 @@ def test_lock_is_held_during_a_run_and_released_after(tmp_path):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
     with held_flock(None, 0.0):
         pass
+
+
+def test_run_plan_has_one_arm_at_delay_0_and_no_cap_at_the_largest_delay_only():
+    args = parse_args(["run", "--seeds", "1"])
+    by_delay = {}
+    for c in plan(args):
+        by_delay.setdefault(c["delay"], []).append(c["arm"])
+    assert by_delay == {
+        0: ["decoupled"],
+        2: ["naive", "decoupled"],
+        8: ["naive", "decoupled"],
+        32: ["naive", "decoupled", "decoupled_nocap"],
+    }
+    every = parse_args(["run", "--seeds", "1", "--all-arms-at-0", "--nocap-delays", "8,32"])
+    arms = [(c["delay"], c["arm"]) for c in plan(every)]
+    assert arms[:3] == [(0, "naive"), (0, "decoupled"), (2, "naive")]  # no cap only at --nocap-delays
+    assert (8, "decoupled_nocap") in arms and (2, "decoupled_nocap") not in arms
+    # a naive-only plan keeps its reference run at delay 0
+    assert [c["arm"] for c in plan(parse_args(["run", "--arms", "naive", "--delays", "0"]))][:1] == ["naive"]
+
+
+def test_the_plan_states_its_hours():
+    cells = plan(parse_args(["pilot"]))
+    assert len(cells) == 10
+    assert estimated_hours(cells) == pytest.approx(10 * (105 + 6.5 * 120) / 3600)
