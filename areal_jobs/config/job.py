@@ -43,8 +43,15 @@ class RunConfig:
     # true gives the group read access (0750 / 0640, e.g. an ops team that reads the logs). The
     # job token file stays 0600 either way
     share_with_group: bool = False
+    # the trainer logs a warning when this share of a step's tokens (mean of 5 steps) was already
+    # outside the clip range before the step (trainer/staleness_watch.py); 0 = never
+    preclip_warn_fraction: float = 0.10
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.preclip_warn_fraction <= 1.0:
+            raise ValueError(
+                f"run.preclip_warn_fraction={self.preclip_warn_fraction}: a share of tokens in [0, 1] (0 = no warning)"
+            )
         if self.eval_samples < 1:
             raise ValueError("run.eval_samples must be >= 1 (answers per held-out prompt)")
         if not 1 <= self.eval_pass_k <= self.eval_samples:

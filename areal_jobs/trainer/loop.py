@@ -32,6 +32,7 @@ from areal_jobs.metrics import MetricsSink
 from areal_jobs.trainer.batch import TrainBatch, assemble, split_fresh
 from areal_jobs.trainer.inbox import Inbox
 from areal_jobs.trainer.publisher import WeightPublisher
+from areal_jobs.trainer.staleness_watch import PreclipWatch
 from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class TrainLoop:
         self.preempt = threading.Event()  # set by the signal handler; checked between phases
         # (step, groups) -> None: samples.jsonl every run.samples_every_steps (session sets it)
         self.dump_samples: Callable[[int, list[m.TrajectoryGroup]], None] | None = None
+        self.preclip_watch: PreclipWatch | None = None  # run.preclip_warn_fraction (session sets it)
 
     def take_groups(self) -> list[m.TrajectoryGroup]:
         """B fresh groups, oldest first; expired ones are sent back to be regenerated."""
@@ -143,6 +145,9 @@ class TrainLoop:
         )
         metrics.update(self.inbox.rollout_stats)
         self.sink.log(self.step, metrics)
+        warning = self.preclip_watch.update(self.step, metrics) if self.preclip_watch else None
+        if warning:
+            logger.warning("%s", warning)
         self.log_evals()
         return metrics
 

@@ -26,6 +26,7 @@ from areal_jobs.trainer.inbox import Inbox
 from areal_jobs.trainer.loop import TrainLoop
 from areal_jobs.trainer.lora import copy_tokenizer
 from areal_jobs.trainer.publisher import WeightPublisher
+from areal_jobs.trainer.staleness_watch import PreclipWatch
 from areal_jobs.transport import discovery
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.channels import TrainerChannel
@@ -64,6 +65,8 @@ def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox
     )
     loop.preempt = preempt
     loop.total_steps = cfg.trainer.total_steps
+    if cfg.run.preclip_warn_fraction > 0:
+        loop.preclip_watch = PreclipWatch(cfg.run.preclip_warn_fraction)
     every = cfg.run.samples_every_steps
     if every > 0:
         dump = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -420,6 +421,10 @@ def _postfix(row: dict) -> dict[str, str]:
         out["lag"] = f"{row['staleness/mean']:.1f}/{row['staleness/max']:.0f}"
     if "throughput/trained_tokens_per_s" in row:
         out["tok/s"] = f"{row['throughput/trained_tokens_per_s']:.0f}"
+    preclip = row.get("offpolicy/preclip_fraction")
+    if preclip is not None and math.isfinite(preclip):
+        # the staleness mechanism at a glance (docs/objective.md, "How much staleness can I allow?")
+        out["preclip"] = f"{100 * preclip:.1f}%"
     return out
 
 
