@@ -28,6 +28,9 @@ ARM_OVERRIDES = {
 OUTCOMES = ("greedy_end", "sampled_end", "reward_auc")
 MECHANISM = ("preclip", "preclip_cut", "abs_log_w_p99", "ess", "clip_fraction")
 BOOTSTRAP_RESAMPLES = 10_000
+# a run whose held-out sampled accuracy ends below this has collapsed (countdown starts at 0.36-0.41;
+# the collapsed runs seen end at 0.000: answers that no longer parse)
+COLLAPSED_BELOW = 0.05
 # pairs for 80% power at a two-sided 5% level: (1.96 + 0.84)^2 = 7.85 x (spread / effect)^2
 POWER_FACTOR = 7.85
 
@@ -179,6 +182,7 @@ def ablation_summary(runs: list[dict]) -> dict:
             if chosen:
                 arms[arm] = {k: mean_sd([r.get(k) for r in chosen]) for k in OUTCOMES}
                 arms[arm]["seeds"] = sorted(r["seed"] for r in chosen)
+                arms[arm]["collapsed"] = sum(1 for r in chosen if collapsed(r))
         diffs = {
             f"{arm}-naive": {o: paired_differences(runs, arm, o).get(cell) for o in OUTCOMES}
             for arm in ARMS[1:]
@@ -193,7 +197,7 @@ def ablation_summary(runs: list[dict]) -> dict:
 def ablation_markdown(cells: dict) -> str:
     head = ["lr", "mb", "delay", "pre-clipped (cut)", "naive sampled", "decoupled sampled", "no-cap sampled",
             "decoupled - naive: sampled [95% CI]", "greedy [95% CI]", "reward AUC [95% CI]",
-            "no cap - naive: sampled [95% CI]", "pairs"]  # fmt: skip
+            "no cap - naive: sampled [95% CI]", "pairs", "collapsed: naive / decoupled / no cap"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in cells.values():
         mech = c["mechanism"]
@@ -211,14 +215,24 @@ def ablation_markdown(cells: dict) -> str:
             row.append("-" if d is None else f"{d['mean']:+.3f} [{_ci(d['ci95'])}]")
         d = c["paired"]["decoupled-naive"]["sampled_end"]
         row.append(str(len(d["diffs"])) if d else "0")
+        row.append(" / ".join(_collapsed(c["arms"].get(arm)) for arm in ARMS))
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append(
         "sampled / greedy: held-out accuracy at the end (mean ± sd over seeds); reward AUC: mean training "
         "reward over the steps. Differences are paired by seed (same trainer.seed and prompts), mean and "
-        f"percentile-bootstrap 95% interval ({BOOTSTRAP_RESAMPLES} resamples)."
+        f"percentile-bootstrap 95% interval ({BOOTSTRAP_RESAMPLES} resamples). collapsed: runs of the arm "
+        f"whose held-out sampled accuracy ended below {COLLAPSED_BELOW:g}, of its runs."
     )
     return "\n".join(lines)
+
+
+def collapsed(r: dict) -> bool:
+    return r.get("sampled_end") is not None and float(r["sampled_end"]) < COLLAPSED_BELOW
+
+
+def _collapsed(arm: dict | None) -> str:
+    return "-" if arm is None else f"{arm['collapsed']}/{len(arm['seeds'])}"
 
 
 def _ci(ci: tuple[float, float] | None) -> str:

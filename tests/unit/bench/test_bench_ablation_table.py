@@ -30,7 +30,7 @@ RUNS = [
     run("naive", 1, 0.40), run("decoupled", 1, 0.50),
     run("naive", 2, 0.45), run("decoupled", 2, 0.50),
     run("naive", 3, 0.50), run("decoupled", 3, 0.45),
-    run("decoupled", 4, 0.60),  # its naive pair failed: left out of the differences
+    run("decoupled", 4, 0.01),  # collapsed; its naive pair failed: left out of the differences
     {"arm": "naive", "lr": 1e-3, "minibatches": 4, "delay": 8, "seed": 4, "error": "launch.local exit 1"},
     run("naive", 1, 0.42, delay=0, preclip=0.01), run("decoupled", 1, 0.44, delay=0, preclip=0.01),
 ]  # fmt: skip
@@ -90,7 +90,8 @@ def test_ablation_summary_and_markdown():
     assert c["paired"]["decoupled_nocap-naive"]["sampled_end"] is None  # that arm did not run
     lines = ablation_markdown(cells).splitlines()
     assert lines[3].startswith("| 0.001 | 4 | 8 | 0.200 ± 0.000 (0.100 ± 0.000) | 0.450 ± 0.050 |")
-    assert lines[3].endswith("| - | 3 |")
+    assert lines[3].endswith("| - | 3 | 0/3 / 1/4 / - |")
+    assert c["arms"]["decoupled"]["collapsed"] == 1 and c["arms"]["naive"]["collapsed"] == 0
 
 
 def test_record_from_rows_leaves_out_the_ramp():
