@@ -16,6 +16,7 @@ from bench.ablation_table import (
     paired_differences,
     pairs_needed,
     record_from_rows,
+    t_interval,
 )
 
 
@@ -51,6 +52,17 @@ def test_paired_differences_pair_by_seed_and_skip_unpaired_seeds():
     )  # squares 0.0667² + 0.0167² + 0.0833², / 2
     lo, hi = d["ci95"]
     assert -0.05 <= lo <= d["mean"] <= hi <= 0.10  # a percentile interval of means of these values
+    # t interval: mean ± t(0.975, df 2) sd / √3 = 0.0333 ± 4.303 x 0.0764 / 1.732 = ± 0.1898
+    assert d["t95"] == pytest.approx((0.10 / 3 - 0.18980, 0.10 / 3 + 0.18980), abs=1e-4)
+    assert d["t95"][0] < lo and d["t95"][1] > hi  # wider than the bootstrap's at 3 pairs
+
+
+def test_t_interval_takes_the_next_smaller_listed_df():
+    assert t_interval([0.5]) is None
+    xs = [0.1 * (i % 3) for i in range(12)]  # df 11: t of df 10 (2.228)
+    stat = mean_sd(xs)
+    half = 2.228 * stat["sd"] / math.sqrt(12)
+    assert t_interval(xs) == pytest.approx((stat["mean"] - half, stat["mean"] + half))
 
 
 def test_bootstrap_interval_is_reproducible_and_degenerate_for_equal_values():
