@@ -4,7 +4,7 @@ bootstrap intervals, the pilot's pair count, markdown.
 A run record (what bench/ablate.py reads back from one launch.local run) is a dict:
   arm ("naive" | "decoupled" | "decoupled_nocap"), lr, minibatches, delay, seed,
   greedy_start/end, sampled_start/end (held-out accuracy), reward_auc (mean training reward over
-  the steps), preclip, preclip_cut, abs_log_w_p99, ess, clip_fraction (means over the steps at
+  the steps), preclip, preclip_cut, k3_kl, abs_log_w_p99, ess, clip_fraction (means over the steps at
   the full delay: offpolicy/* and ppo/clip_fraction), wall_s.
 Failed runs carry "error" and are left out (the tables say how many seeds they used).
 
@@ -26,7 +26,7 @@ ARM_OVERRIDES = {
     "decoupled_nocap": ("algo.decoupled=true", "algo.behav_weight_cap=0"),
 }
 OUTCOMES = ("greedy_end", "sampled_end", "reward_auc")
-MECHANISM = ("preclip", "preclip_cut", "abs_log_w_p99", "ess", "clip_fraction")
+MECHANISM = ("preclip", "preclip_cut", "k3_kl", "abs_log_w_p99", "ess", "clip_fraction")
 BOOTSTRAP_RESAMPLES = 10_000
 # a run whose held-out sampled accuracy ends below this has collapsed (countdown starts at 0.36-0.41;
 # the collapsed runs seen end at 0.000: answers that no longer parse)
@@ -168,7 +168,7 @@ def _gain(r: dict, kind: str) -> float | None:
 def calibration_markdown(table: dict) -> str:
     delays = sorted({int(d) for row in table.values() for d in row["delays"]})
     head = ["lr", "minibatches"] + [f"pre-clipped (cut) d={d}" for d in delays]
-    head += [f"|log w| p99 d={delays[-1]}", "d=0: Δ sampled", "d=0: Δ greedy", "d=0: reward AUC"]
+    head += [f"\\|log w\\| p99 d={delays[-1]}", "d=0: Δ sampled", "d=0: Δ greedy", "d=0: reward AUC"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in table.values():
         cells = [f"{row['lr']:g}", str(row["minibatches"])]
@@ -201,6 +201,8 @@ def ablation_summary(runs: list[dict]) -> dict:
                 arms[arm] = {k: mean_sd([r.get(k) for r in chosen]) for k in OUTCOMES}
                 arms[arm]["seeds"] = sorted(r["seed"] for r in chosen)
                 arms[arm]["collapsed"] = sum(1 for r in chosen if collapsed(r))
+                # per arm too: how far the policy drifts from the data depends on the objective
+                arms[arm]["mechanism"] = {k: mean_sd([r.get(k) for r in chosen]) for k in MECHANISM}
         diffs = {
             f"{arm}-naive": {o: paired_differences(runs, arm, o).get(cell) for o in OUTCOMES}
             for arm in ARMS[1:]
@@ -246,6 +248,22 @@ def ablation_markdown(cells: dict) -> str:
         "so the t interval is beside it for the sampled accuracy). collapsed: runs of the arm "
         f"whose held-out sampled accuracy ended below {COLLAPSED_BELOW:g}, of its runs."
     )
+    return "\n".join(lines + ["", mechanism_markdown(cells)])
+
+
+def mechanism_markdown(cells: dict) -> str:
+    """Per cell and arm: how far the policy moved from the data (offpolicy/*, means over the
+    steps at the full delay, then over seeds) and how often the arm's clip acted."""
+    head = ["lr", "mb", "delay", "arm", "runs", "collapsed", "pre-clipped", "cut by naive's clip",
+            "k3 KL(behav, pre-step)", "\\|log w\\| p99", "ESS", "clip fraction"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in cells.values():
+        for arm, a in c["arms"].items():
+            m = a["mechanism"]
+            row = [f"{c['lr']:g}", str(c["minibatches"]), str(c["delay"]), arm, str(len(a["seeds"])),
+                   str(a["collapsed"]), _ms(m["preclip"]), _ms(m["preclip_cut"]), _ms(m["k3_kl"]),
+                   _ms(m["abs_log_w_p99"], 2), _ms(m["ess"]), _ms(m["clip_fraction"])]  # fmt: skip
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -277,6 +295,7 @@ def record_from_rows(rows: list[dict], delay: int) -> dict[str, float | None]:
         "reward_auc": mean_after(train, "reward/mean", 0),
         "preclip": mean_after(train, "offpolicy/preclip_fraction", first),
         "preclip_cut": mean_after(train, "offpolicy/preclip_cut_fraction", first),
+        "k3_kl": mean_after(train, "offpolicy/k3_kl", first),
         "abs_log_w_p99": mean_after(train, "offpolicy/abs_log_w_p99", first),
         "ess": mean_after(train, "offpolicy/ess", first),
         "clip_fraction": mean_after(train, "ppo/clip_fraction", first),

@@ -24,7 +24,7 @@ def run(arm, seed, sampled, delay=8, lr=1e-3, preclip=0.2, **extra):
     return {"arm": arm, "lr": lr, "minibatches": 4, "delay": delay, "seed": seed, "sampled_end": sampled,
             "greedy_end": sampled + 0.1, "sampled_start": 0.3, "greedy_start": 0.35, "reward_auc": sampled / 2,
             "preclip": preclip, "preclip_cut": preclip / 2, "abs_log_w_p99": 1.0, "ess": 0.9,
-            "clip_fraction": 0.05, **extra}  # fmt: skip
+            "clip_fraction": 0.05, "k3_kl": preclip / 4, **extra}  # fmt: skip
 
 
 RUNS = [
@@ -104,6 +104,15 @@ def test_ablation_summary_and_markdown():
     assert lines[3].startswith("| 0.001 | 4 | 8 | 0.200 ± 0.000 (0.100 ± 0.000) | 0.450 ± 0.050 |")
     assert lines[3].endswith("| - | 3 | 0/3 / 1/4 / - |")
     assert c["arms"]["decoupled"]["collapsed"] == 1 and c["arms"]["naive"]["collapsed"] == 0
+    # the per-arm mechanism table, after the main one: one row per cell and arm
+    mech = lines[lines.index("| lr | mb | delay | arm | runs | collapsed | pre-clipped | cut by naive's clip | "
+                             "k3 KL(behav, pre-step) | \\|log w\\| p99 | ESS | clip fraction |"):]  # fmt: skip
+    assert mech[2:] == [
+        "| 0.001 | 4 | 0 | naive | 1 | 0 | 0.010 | 0.005 | 0.003 | 1.00 | 0.900 | 0.050 |",
+        "| 0.001 | 4 | 0 | decoupled | 1 | 0 | 0.010 | 0.005 | 0.003 | 1.00 | 0.900 | 0.050 |",
+        "| 0.001 | 4 | 8 | naive | 3 | 0 | 0.200 ± 0.000 | 0.100 ± 0.000 | 0.050 ± 0.000 | 1.00 ± 0.00 | 0.900 ± 0.000 | 0.050 ± 0.000 |",
+        "| 0.001 | 4 | 8 | decoupled | 4 | 1 | 0.200 ± 0.000 | 0.100 ± 0.000 | 0.050 ± 0.000 | 1.00 ± 0.00 | 0.900 ± 0.000 | 0.050 ± 0.000 |",
+    ]
 
 
 def test_record_from_rows_leaves_out_the_ramp():
