@@ -301,7 +301,7 @@ def plot(cells: dict, path: Path) -> Path | None:
                 ys.append(d["mean"])
                 lo.append(d["mean"] - ci[0])
                 hi.append(ci[1] - d["mean"])
-                tags.append(f"lr {c['lr']:g}, d {c['delay']}")
+                tags.append(f"lr {c['lr']:g}, d {c['delay']}, {d['n']} pair{'s' if d['n'] > 1 else ''}")
             if xs:
                 ax.errorbar(xs, ys, yerr=[lo, hi], fmt=marker, color=colour, capsize=3, label=name)
                 for x, y, t in zip(xs, ys, tags, strict=True):
