@@ -11,10 +11,10 @@ from bench.harness import held_flock
 
 def test_command_defaults_and_overrides():
     args = parse_args(["calibrate"])
-    assert args.arms == ["decoupled"] and args.delays == [0, 32] and args.lrs == [1.5e-4, 3e-4, 6e-4]
+    assert args.arms == ["decoupled"] and args.delays == [0, 8, 16, 32] and args.lrs == [1.5e-4, 3e-4]
     assert "experiment=countdown" in args.overrides and "run.eval_every_steps=0" in args.overrides
     args = parse_args(["run", "--lr", "2e-3", "run.eval_every_steps=20"])
-    assert args.arms == ["naive", "decoupled", "decoupled_nocap"] and args.delays == [0, 2, 8, 32]
+    assert args.arms == ["naive", "decoupled", "decoupled_nocap"] and args.delays == [0, 2, 4, 8]
     assert args.lrs == [2e-3] and "run.eval_every_steps=20" in args.overrides
     assert "run.eval_every_steps=0" not in args.overrides
 
@@ -62,18 +62,18 @@ def test_run_plan_has_one_arm_at_delay_0_and_no_cap_at_the_largest_delay_only():
     assert by_delay == {
         0: ["decoupled"],
         2: ["naive", "decoupled"],
-        8: ["naive", "decoupled"],
-        32: ["naive", "decoupled", "decoupled_nocap"],
+        4: ["naive", "decoupled"],
+        8: ["naive", "decoupled", "decoupled_nocap"],
     }
-    every = parse_args(["run", "--seeds", "1", "--all-arms-at-0", "--nocap-delays", "8,32"])
+    every = parse_args(["run", "--seeds", "1", "--all-arms-at-0", "--nocap-delays", "4,8"])
     arms = [(c["delay"], c["arm"]) for c in plan(every)]
     assert arms[:3] == [(0, "naive"), (0, "decoupled"), (2, "naive")]  # no cap only at --nocap-delays
-    assert (8, "decoupled_nocap") in arms and (2, "decoupled_nocap") not in arms
+    assert (4, "decoupled_nocap") in arms and (2, "decoupled_nocap") not in arms
     # a naive-only plan keeps its reference run at delay 0
     assert [c["arm"] for c in plan(parse_args(["run", "--arms", "naive", "--delays", "0"]))][:1] == ["naive"]
 
 
 def test_the_plan_states_its_hours():
     cells = plan(parse_args(["pilot"]))
-    assert len(cells) == 10
-    assert estimated_hours(cells) == pytest.approx(10 * (105 + 6.5 * 120) / 3600)
+    assert len(cells) == 6
+    assert estimated_hours(cells) == pytest.approx(6 * (105 + 6.5 * 60) / 3600)
