@@ -298,7 +298,7 @@ def plot(cells: dict, path: Path) -> Path | None:
                 d, share = c["paired"][key][outcome], c["mechanism"]["preclip"]
                 if d is None or share is None:
                     continue
-                ci = d.get("t95") or d["ci95"] or (d["mean"], d["mean"])  # t: wider at few pairs
+                ci = d["t95"] or d["ci95"] or (d["mean"], d["mean"])  # t: wider at few pairs
                 xs.append(share["mean"])
                 ys.append(d["mean"])
                 lo.append(d["mean"] - ci[0])

@@ -108,6 +108,11 @@ def paired_differences(runs: list[dict], arm: str, outcome: str) -> dict[tuple, 
     return out
 
 
+def mechanism_stats(chosen: list[dict]) -> dict[str, dict | None]:
+    """Each mechanism statistic's mean ± sd over the chosen runs."""
+    return {k: mean_sd([r.get(k) for r in chosen]) for k in MECHANISM}
+
+
 def cell_mechanism(runs: list[dict]) -> dict[tuple, dict]:
     """Per cell: each mechanism statistic averaged over every arm's and seed's runs: the figure's
     x-axis, one number for the regime. The drift itself depends on the objective (countdown, lr
@@ -115,8 +120,7 @@ def cell_mechanism(runs: list[dict]) -> dict[tuple, dict]:
     also give it per arm (mechanism_markdown)."""
     out: dict[tuple, dict] = {}
     for cell in sorted({cell_key(r) for r in ok_runs(runs)}):
-        chosen = [r for r in ok_runs(runs) if cell_key(r) == cell]
-        out[cell] = {k: mean_sd([r.get(k) for r in chosen]) for k in MECHANISM}
+        out[cell] = mechanism_stats([r for r in ok_runs(runs) if cell_key(r) == cell])
     return out
 
 
@@ -195,6 +199,8 @@ def ablation_summary(runs: list[dict]) -> dict:
     mechanism statistics, and the paired differences of each decoupled arm against naive."""
     cells = {}
     mechanism = cell_mechanism(runs)
+    # every cell's differences at once: once per arm and outcome, not once per cell as well
+    paired = {(arm, o): paired_differences(runs, arm, o) for arm in ARMS[1:] for o in OUTCOMES}
     for cell in sorted({cell_key(r) for r in ok_runs(runs)}):
         arms = {}
         for arm in ARMS:
@@ -204,11 +210,8 @@ def ablation_summary(runs: list[dict]) -> dict:
                 arms[arm]["seeds"] = sorted(r["seed"] for r in chosen)
                 arms[arm]["collapsed"] = sum(1 for r in chosen if collapsed(r))
                 # per arm too: how far the policy drifts from the data depends on the objective
-                arms[arm]["mechanism"] = {k: mean_sd([r.get(k) for r in chosen]) for k in MECHANISM}
-        diffs = {
-            f"{arm}-naive": {o: paired_differences(runs, arm, o).get(cell) for o in OUTCOMES}
-            for arm in ARMS[1:]
-        }
+                arms[arm]["mechanism"] = mechanism_stats(chosen)
+        diffs = {f"{arm}-naive": {o: paired[arm, o].get(cell) for o in OUTCOMES} for arm in ARMS[1:]}
         cells["/".join(f"{x:g}" for x in cell)] = {
             "lr": cell[0], "minibatches": cell[1], "delay": cell[2], "arms": arms,
             "mechanism": mechanism[cell], "paired": diffs,

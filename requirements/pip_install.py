@@ -95,7 +95,7 @@ def pip(venv: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
         print(proc.stdout, end="", flush=True)
     if check and proc.returncode != 0:
         hint = (
-            f"\n{disk_report(venv)}: free space there, or set VENV / TMPDIR to a bigger disk"
+            f"\n{disk_report(disk_free_gb(venv))}: free space there, or set VENV / TMPDIR to a bigger disk"
             if NO_SPACE in (proc.stdout or "")
             else ""
         )
@@ -111,15 +111,21 @@ def free_gb(path: Path) -> float:
     return shutil.disk_usage(path).free / 1e9
 
 
-def disk_report(venv: Path) -> str:
+def disk_free_gb(venv: Path) -> dict[str, tuple[Path, float]]:
+    """Where the install writes (the venv, and TMPDIR where pip unpacks) and the GB free there."""
     places = {"the venv": venv, "TMPDIR": Path(tempfile.gettempdir())}
-    return "; ".join(f"{free_gb(where):.1f} GB free for {what} ({where})" for what, where in places.items())
+    return {what: (where, free_gb(where)) for what, where in places.items()}
+
+
+def disk_report(free: dict[str, tuple[Path, float]]) -> str:
+    return "; ".join(f"{gb:.1f} GB free for {what} ({where})" for what, (where, gb) in free.items())
 
 
 def warn_if_short_of_disk(venv: Path) -> None:
-    if min(free_gb(venv), free_gb(Path(tempfile.gettempdir()))) < NEEDED_FREE_GB:
+    free = disk_free_gb(venv)
+    if min(gb for _, gb in free.values()) < NEEDED_FREE_GB:
         print(
-            f"warning: installing {venv} needs about {NEEDED_FREE_GB:.0f} GB; {disk_report(venv)}",
+            f"warning: installing {venv} needs about {NEEDED_FREE_GB:.0f} GB; {disk_report(free)}",
             file=sys.stderr,
             flush=True,
         )

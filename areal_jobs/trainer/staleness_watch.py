@@ -5,11 +5,11 @@ weight w = π_pre / π_behav is already outside the clip range before the step: 
 which naive and decoupled PPO differ, and the quantity that tracks how far the policy moves while
 samples wait (docs/objective.md, "How much staleness can I allow?"). In our runs it sat at
 0.5-0.7% where countdown learned (lr 3e-4, η 4) and at 10% where it collapsed (lr 1e-3, the same
-η). In `make ablate`'s runs (exact delays 4-8, 4 minibatches) it passed 10% in all 9 stale decoupled
-runs, 8 of which collapsed 9-44 steps later (the ninth warned at step 46 of 60); naive PPO on the
-same data stayed at 4-10% and held (bench/README.md, "Where staleness bites"): `run.preclip_warn_fraction` (default 0.10) is where the
-trainer says so in its log. The
-mean over `window_steps` steps keeps one noisy batch quiet; after a warning the watch stays
+η). In `make ablate`'s runs (exact delays 4-8, 4 minibatches) it passed 10% in all 9 stale
+decoupled runs, 8 of which collapsed 9-44 steps later (the ninth warned at step 46 of 60); naive
+PPO on the same data stayed at 4-10% and held (bench/README.md, "Where staleness bites").
+`run.preclip_warn_fraction` (default 0.10) is where the trainer says so in its log. The mean over
+`window_steps` steps keeps one noisy batch quiet; after a warning the watch stays
 silent until the mean falls below half the threshold, so a run that lives above it warns once
 per excursion, not every step. Pure logic: the trainer loop feeds it each step's metrics.
 """
