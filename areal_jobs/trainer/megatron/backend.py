@@ -13,10 +13,11 @@ One `train_step`:
      first minibatch's gradient pass runs those very weights; recompute: all), and with
      algo.kl_coef > 0 the reference log-probs of every sample from a frozen second GPTModel
      with the policy's TP/PP layout (no DDP, no optimiser);
-  3. per minibatch, forward/backward of the decoupled PPO loss over its micro-batches. Each
-     micro-batch's loss is already divided by the output-token count of its minibatch
-     (trainer/loss.py), so gradients are summed over micro-batches and DP ranks, never averaged;
-     then clipping at `trainer.grad_clip` and one AdamW step of Megatron's distributed optimizer.
+  3. per minibatch, forward/backward of the decoupled PPO loss over its micro-batches through
+     Megatron's schedule (megatron/schedule.py). Each micro-batch's loss is already divided by
+     the output-token count of its minibatch (trainer/loss.py), so gradients are summed over
+     micro-batches and DP ranks, never averaged; then clipping at `trainer.grad_clip` and one
+     AdamW step of Megatron's distributed optimizer.
 Log-probs and entropy: the last stage returns the final hidden states and megatron/head.py
 applies the output weight vocab-parallel, `trainer.logprob_chunk_tokens` output positions at a
 time, at `rollout.temperature`; the padded vocab columns are left out, so the softmax is over the
@@ -43,7 +44,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.distributed import (
     DistributedDataParallel,
@@ -51,7 +51,6 @@ from megatron.core.distributed import (
     finalize_model_grads,
 )
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
 from areal_jobs.api import TensorSpec
@@ -61,8 +60,8 @@ from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
 from areal_jobs.trainer.dp_plan import plan_microbatches
 from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, megatron_decoder_layers
 from areal_jobs.trainer.logprobs import resolve_kernel
-from areal_jobs.trainer.loss import LossStats, ppo_loss, pre_step_logp
 from areal_jobs.trainer.megatron import model as megatron_model
+from areal_jobs.trainer.megatron import schedule
 from areal_jobs.trainer.megatron import weights as megatron_weights
 from areal_jobs.trainer.megatron.convert import ModelDims, ParamMap, param_maps
 from areal_jobs.trainer.megatron.dist import init_distributed
@@ -98,7 +97,8 @@ class MegatronBackend:
         self._model_path = model_path
         self._dtype = _TORCH_DTYPES[dtype]
         self._temperature = temperature  # rollout.temperature: the policy that sampled the batch
-        self._num_global_tokens = 0.0
+        # bf16: the last stage's hidden states stay bf16 (Float16Module would upcast them to fp32)
+        self._fp32_output = self._dtype == torch.float32
 
     # ------------------------------------------------------------------------------ setup
 
@@ -186,6 +186,7 @@ class MegatronBackend:
         # {} = one group, weight decay on every parameter, as the torch backend's AdamW does
         self._optimizer = get_megatron_optimizer(opt_config, [self._ddp], config_overrides={})
         self._head = self._output_head(self._gpt)
+        self._ppo_loss = partial(schedule.ppo_step_loss, self._head, self._algo)
 
     def _load_gpt(self, config) -> torch.nn.Module:
         cfg = self._cfg
@@ -212,7 +213,6 @@ class MegatronBackend:
         batch = broadcast_train_batch(batch, self._device)
         if not batch.samples:
             return {"train/skipped_empty_batch": 1.0}
-        self._num_global_tokens = float(batch.num_output_tokens)
         samples = batch.samples
         lengths = [len(s.input_ids) for s in samples]
         minibatches = split_minibatches(samples, self._algo)
@@ -245,11 +245,16 @@ class MegatronBackend:
         else:
             need = [mb for k, step in enumerate(steps) if not (k == 0 and from_gradient_pass) for mb in step]
             if need:  # the same micro-batch count on every rank: the schedules stay in step
-                for mb, logp in self._forward_logp(need, self._ddp, self._head):
+                for mb, logp in schedule.forward_logp(
+                    self._ddp, self._head, need, fp32_output=self._fp32_output
+                ):
                     mb.prox_logp = logp
         if self._reference is not None:
             all_mbs = [mb for step in steps for mb in step]
-            for mb, logp in self._forward_logp(all_mbs, self._reference, self._ref_head):
+            logps = schedule.forward_logp(
+                self._reference, self._ref_head, all_mbs, fp32_output=self._fp32_output
+            )
+            for mb, logp in logps:
                 mb.ref_logp = logp
         prox_s = time.perf_counter() - start
 
@@ -257,14 +262,18 @@ class MegatronBackend:
         for step in steps:
             self._ddp.zero_grad_buffer()
             self._optimizer.zero_grad()
-            outputs += self._run_schedule(step, self._ppo_loss, forward_only=False)
+            outputs += schedule.run_schedule(
+                self._ddp, step, self._ppo_loss, forward_only=False, fp32_output=self._fp32_output
+            )
             finalize_model_grads([self._ddp])
             update_ok, grad_norm, _ = self._optimizer.step()
             if not update_ok:
                 raise RuntimeError("Megatron optimizer step was skipped (non-finite gradients)")
             grad_norms.append(float(grad_norm or 0.0))
         microbatches = [mb for step in steps for mb in step]
-        metrics = self._reduce_metrics(outputs, microbatches)
+        metrics = schedule.reduce_metrics(
+            outputs, microbatches, num_global_tokens=float(batch.num_output_tokens), device=self._device
+        )
         return {
             **metrics,
             "train/loss": metrics["train/loss"] / len(steps),  # mean over the minibatches' losses
@@ -278,132 +287,20 @@ class MegatronBackend:
         }
 
     @torch.no_grad()
-    def _forward_logp(
-        self, microbatches: list[MicroBatch], model: torch.nn.Module, head: OutputHead
-    ) -> list[tuple[MicroBatch, torch.Tensor]]:
-        """Forward-only log-probs of the output tokens under `model` (its output layer `head`), as
-        (micro-batch, [n]) pairs (on the last pipeline stage; the others get none)."""
-        outputs = self._run_schedule(
-            microbatches, partial(self._logp_loss, head), forward_only=True, model=model
-        )
-        return list(zip(microbatches, (out["logp"] for out in outputs), strict=False))
-
-    def _run_schedule(
-        self,
-        microbatches: list[MicroBatch],
-        loss_fn,
-        *,
-        forward_only: bool,
-        model: torch.nn.Module | None = None,
-    ) -> list[dict]:
-        # bf16: the last stage's hidden states stay bf16 (Float16Module would upcast them to fp32)
-        extra = {} if self._dtype == torch.float32 else {"fp32_output": False}
-
-        def forward_step(data_iterator, model):
-            mb = next(data_iterator)
-            output = model(
-                mb.input_ids,
-                mb.position_ids,
-                mb.attention_mask,
-                packed_seq_params=mb.packed_seq_params,
-                **extra,
-            )
-            return output, partial(loss_fn, mb)
-
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(microbatches),
-            model=[self._ddp if model is None else model],
-            num_microbatches=len(microbatches),
-            seq_length=max(mb.num_tokens for mb in microbatches),  # ignored with variable lengths
-            micro_batch_size=1,
-            forward_only=forward_only,
-        )
-
-    @torch.no_grad()
     def full_logits(self, sequences: Sequence[np.ndarray]) -> torch.Tensor | None:
         """Evaluation forward of packed sequences -> untempered logits over the HF vocab [T, V]
         (float32, the whole tensor: evaluation and tests only), on the last pipeline stage's
         ranks (None on the others). Collective over all ranks."""
-        samples = [
-            TrainSample(
-                "",
-                np.asarray(s, np.int64),
-                len(s),
-                np.zeros(0, np.float32),
-                np.zeros(0, np.int32),
-                0.0,
-                0.0,
-            )
-            for s in sequences
-        ]
-
-        def keep_logits(mb: MicroBatch, hidden: torch.Tensor):
-            return (
-                hidden.new_zeros(()),
-                torch.tensor(0, dtype=torch.int),
-                {"logits": self._head.full_logits(hidden)},
-            )
-
-        outputs = self._run_schedule(
+        empty = (np.zeros(0, np.float32), np.zeros(0, np.int32), 0.0, 0.0)
+        samples = [TrainSample("", np.asarray(s, np.int64), len(s), *empty) for s in sequences]
+        outputs = schedule.run_schedule(
+            self._ddp,
             [build_microbatch(samples, device=self._device, thd=self._thd)],
-            keep_logits,
+            partial(schedule.logits_loss, self._head),
             forward_only=True,
+            fp32_output=self._fp32_output,
         )
         return outputs[0]["logits"] if outputs else None
-
-    def _logp_loss(self, head: OutputHead, mb: MicroBatch, hidden: torch.Tensor):
-        logp, _ = head.logprobs(hidden, mb)
-        return (
-            hidden.new_zeros(()),
-            torch.tensor(0, dtype=torch.int),
-            {"logp": logp.detach()},
-        )
-
-    def _ppo_loss(self, mb: MicroBatch, hidden: torch.Tensor):
-        logp, entropy = self._head.logprobs(hidden, mb, entropy_grad=self._algo.entropy_coef > 0)
-        first_minibatch = mb.prox_logp is None or mb.first_minibatch
-        if mb.prox_logp is None:  # prox_logp=current: these are the pre-step weights' log-probs
-            mb.prox_logp = logp.detach()
-        loss, stats = ppo_loss(
-            logp,
-            mb.prox_logp,
-            mb.behav_logp,
-            mb.advantages,
-            mb.token_weight,
-            mb.seq_index,
-            self._algo,
-            entropy=entropy,
-            ref_logp=mb.ref_logp,
-            pre_logp=pre_step_logp(self._algo, mb.prox_logp, logp, first_minibatch),
-        )
-        # (loss, token count, report): with calculate_per_token_loss Megatron leaves loss unscaled
-        return (
-            loss,
-            torch.tensor(int(stats.num_tokens), dtype=torch.int),
-            {"loss": loss.detach(), "stats": stats},
-        )
-
-    def _reduce_metrics(self, outputs: list[dict], microbatches: list[MicroBatch]) -> dict[str, float]:
-        """Loss and PPO statistics of the last stage, summed over DP ranks onto global rank 0."""
-        stats = LossStats()
-        loss = prox_gap = 0.0
-        if parallel_state.is_pipeline_last_stage() and self._tp_rank == 0:
-            for out, mb in zip(outputs, microbatches, strict=True):
-                stats.add(out["stats"])
-                loss += float(out["loss"])
-                prox_gap += float((mb.prox_logp - mb.behav_logp).abs().sum())
-        values = np.concatenate([[loss, prox_gap], stats.sums()])
-        totals = torch.tensor(values, dtype=torch.float64, device=self._device)
-        maxes = torch.tensor(stats.maxes(), dtype=torch.float64, device=self._device)
-        dist.all_reduce(totals)
-        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)  # |log w| is >= 0: idle ranks' zeros do not win
-        summed = LossStats.from_reduced(totals[2:].cpu().numpy(), maxes.cpu().numpy())
-        return {
-            "train/loss": float(totals[0]),
-            "train/prox_behav_abs_diff": float(totals[1]) / self._num_global_tokens,
-            **summed.to_metrics(),
-        }
 
     # ------------------------------------------------------------------------------ weights out
 
