@@ -39,6 +39,7 @@ from bench.ablation_table import (
     calibration_table,
     paired_differences,
     pairs_needed,
+    pooled_by_delay,
     record_from_rows,
 )
 from bench.harness import held_flock
@@ -253,7 +254,11 @@ def write_outputs(args: argparse.Namespace, runs: list[dict]) -> str:
     if args.command == "pilot":
         text += "\n\n" + pilot_markdown(runs, args.arms, args.effect)
     (args.out / f"{name}.json").write_text(
-        json.dumps({"settings": settings, "cells": cells, "runs": runs}, indent=2, default=list)
+        json.dumps(
+            {"settings": settings, "cells": cells, "pooled": pooled_by_delay(cells), "runs": runs},
+            indent=2,
+            default=list,
+        )
     )
     (args.out / f"{name}.md").write_text(text + "\n")
     return text

@@ -253,7 +253,64 @@ def ablation_markdown(cells: dict) -> str:
         "so the t interval is beside it for the sampled accuracy). collapsed: runs of the arm "
         f"whose held-out sampled accuracy ended below {COLLAPSED_BELOW:g}, of its runs."
     )
-    return "\n".join(lines + ["", mechanism_markdown(cells)])
+    pooled = pooled_by_delay(cells)
+    lines += ["", "Pooled over learning rates and minibatch counts, per delay (pairs of every cell):", ""]
+    return "\n".join(lines + [pooled_markdown(pooled), "", mechanism_markdown(cells)])
+
+
+def sign_test_p(diffs: list[float]) -> float | None:
+    """Two-sided sign test: the chance of a split at least this lopsided if each pair's sign
+    were a coin flip (ties left out); None without a non-zero difference."""
+    signs = [d > 0 for d in diffs if d != 0]
+    if not signs:
+        return None
+    n, k = len(signs), min(sum(signs), len(signs) - sum(signs))
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+
+
+def pooled_by_delay(cells: dict, arm: str = "decoupled") -> dict[int, dict]:
+    """Per delay: `arm` minus naive pooled over every lr and minibatch count that ran it, pair by
+    pair (each pair is one seed of one cell; pairs of different cells are independent runs)."""
+    out: dict[int, dict] = {}
+    for delay in sorted({c["delay"] for c in cells.values()}):
+        here = [
+            c for c in cells.values() if c["delay"] == delay and c["paired"][f"{arm}-naive"]["sampled_end"]
+        ]
+        if not here:
+            continue
+        row: dict = {"lrs": sorted({c["lr"] for c in here})}
+        for outcome in OUTCOMES:
+            diffs = [d for c in here for d in (c["paired"][f"{arm}-naive"][outcome] or {}).get("diffs", [])]
+            row[outcome] = {
+                **(mean_sd(diffs) or {}),
+                "negative": sum(1 for d in diffs if d < 0),
+                "sign_p": sign_test_p(diffs),
+                "ci95": bootstrap_ci(diffs),
+                "t95": t_interval(diffs),
+            }
+        out[delay] = row
+    return out
+
+
+def _mean_t(stat: dict) -> str:
+    return "-" if "mean" not in stat else f"{stat['mean']:+.3f} ({_ci(stat['t95'])})"
+
+
+def pooled_markdown(pooled: dict[int, dict]) -> str:
+    if not pooled:
+        return "(no seed pairs yet)"
+    head = ["delay", "lrs", "pairs", "decoupled - naive: sampled [95% CI] (t interval)", "pairs negative (sign test p)",
+            "greedy (t interval)", "reward AUC (t interval)"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for delay, row in pooled.items():
+        s = row["sampled_end"]
+        p = "-" if s["sign_p"] is None else f"{s['sign_p']:.3g}"
+        lines.append("| " + " | ".join([
+            str(delay), ", ".join(f"{lr:g}" for lr in row["lrs"]), str(s["n"]),
+            f"{s['mean']:+.3f} [{_ci(s['ci95'])}] ({_ci(s['t95'])})", f"{s['negative']}/{s['n']} ({p})",
+            *(_mean_t(row[o]) for o in ("greedy_end", "reward_auc")),
+        ]) + " |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def mechanism_markdown(cells: dict) -> str:

@@ -15,7 +15,10 @@ from bench.ablation_table import (
     mean_sd,
     paired_differences,
     pairs_needed,
+    pooled_by_delay,
+    pooled_markdown,
     record_from_rows,
+    sign_test_p,
     t_interval,
 )
 
@@ -124,3 +127,28 @@ def test_record_from_rows_leaves_out_the_ramp():
     assert rec["reward_auc"] == pytest.approx(0.25)  # every step
     assert rec["preclip"] == pytest.approx(0.2)  # steps 3 and 4: trained at the full delay
     assert rec["steps_at_delay"] == 2.0 and rec["ess"] is None
+
+
+def test_sign_test_p_by_hand():
+    assert sign_test_p([-0.1] * 11) == pytest.approx(2 / 2**11)  # all 11 one way: 2 x (1/2)^11
+    assert sign_test_p([-0.1, -0.2, 0.3]) == 1.0  # 2 x P(X <= 1 of 3) = 2 x 4/8, capped at 1
+    assert sign_test_p([-0.1, -0.2, -0.3, -0.4, 0.1]) == pytest.approx(2 * 6 / 32)  # P(X <= 1 of 5)
+    assert sign_test_p([0.0, 0.0]) is None  # ties only
+
+
+def test_pooled_by_delay_concatenates_the_pairs_of_every_lr():
+    other_lr = [run("naive", 1, 0.40, lr=5e-4), run("decoupled", 1, 0.20, lr=5e-4)]
+    pooled = pooled_by_delay(ablation_summary(RUNS + other_lr))
+    assert list(pooled) == [0, 8]
+    assert (
+        pooled[0]["sampled_end"]["n"] == 1 and pooled[0]["sampled_end"]["t95"] is None
+    )  # one pair: no interval
+    s = pooled[8]["sampled_end"]
+    assert pooled[8]["lrs"] == [5e-4, 1e-3]
+    assert s["n"] == 4 and s["mean"] == pytest.approx((0.10 + 0.05 - 0.05 - 0.20) / 4)
+    assert s["negative"] == 2 and s["sign_p"] == 1.0
+    assert pooled[8]["reward_auc"]["mean"] == pytest.approx(-0.10 / 8)  # reward_auc = sampled / 2
+    text = pooled_markdown(pooled).splitlines()
+    assert text[3].startswith("| 8 | 0.0005, 0.001 | 4 | -0.025 [")
+    assert "| 2/4 (1) |" in text[3]
+    assert pooled_markdown({}) == "(no seed pairs yet)"
