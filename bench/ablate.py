@@ -311,8 +311,13 @@ def plot(cells: dict, path: Path) -> Path | None:
                 tags.append(f"lr {c['lr']:g}, d {c['delay']}, {d['n']} pair{'s' if d['n'] > 1 else ''}")
             if xs:
                 ax.errorbar(xs, ys, yerr=[lo, hi], fmt=marker, color=colour, capsize=3, label=name)
-                for x, y, t in zip(xs, ys, tags, strict=True):
-                    ax.annotate(t, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+                # cells at the same share (lr 3e-4, delays 4 and 8) would print over each other:
+                # the capped arm's labels alternate up and down, the uncapped arm's go left
+                right = key == "decoupled-naive"
+                for i, (x, y, t) in enumerate(zip(xs, ys, tags, strict=True)):
+                    offset = (6, 4 if i % 2 == 0 else -10) if right else (-6, 8)
+                    ax.annotate(t, (x, y), fontsize=7, xytext=offset, textcoords="offset points",
+                                ha="left" if right else "right")  # fmt: skip
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set_xlabel("pre-clipped share of tokens (offpolicy/preclip_fraction)")
         ax.set_ylabel(f"difference in {label}")
