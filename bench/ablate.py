@@ -249,13 +249,14 @@ def write_outputs(args: argparse.Namespace, runs: list[dict]) -> str:
         (args.out / "calibration.md").write_text(text + "\n")
         return text
     cells = ablation_summary(runs)
-    text = ablation_markdown(cells)
+    pooled = pooled_by_delay(cells)  # bootstraps: computed once for the markdown and the json
+    text = ablation_markdown(cells, pooled)
     name = "pilot" if args.command == "pilot" else "ablation"
     if args.command == "pilot":
         text += "\n\n" + pilot_markdown(runs, args.arms, args.effect)
     (args.out / f"{name}.json").write_text(
         json.dumps(
-            {"settings": settings, "cells": cells, "pooled": pooled_by_delay(cells), "runs": runs},
+            {"settings": settings, "cells": cells, "pooled": pooled, "runs": runs},
             indent=2,
             default=list,
         )

@@ -219,7 +219,8 @@ def ablation_summary(runs: list[dict]) -> dict:
     return cells
 
 
-def ablation_markdown(cells: dict) -> str:
+def ablation_markdown(cells: dict, pooled: dict[int, dict] | None = None) -> str:
+    """The tables of `ablation.md`; `pooled` (pooled_by_delay) when the caller has it already."""
     head = ["lr", "mb", "delay", "pre-clipped (cut)", "naive sampled", "decoupled sampled", "no-cap sampled",
             "decoupled - naive: sampled [95% CI] (t interval)", "greedy [95% CI]", "reward AUC [95% CI]",
             "no cap - naive: sampled [95% CI]", "pairs", "collapsed: naive / decoupled / no cap"]  # fmt: skip
@@ -253,7 +254,7 @@ def ablation_markdown(cells: dict) -> str:
         "so the t interval is beside it for the sampled accuracy). collapsed: runs of the arm "
         f"whose held-out sampled accuracy ended below {COLLAPSED_BELOW:g}, of its runs."
     )
-    pooled = pooled_by_delay(cells)
+    pooled = pooled_by_delay(cells) if pooled is None else pooled
     lines += ["", "Pooled over learning rates and minibatch counts, per delay (pairs of every cell):", ""]
     return "\n".join(lines + [pooled_markdown(pooled), "", mechanism_markdown(cells)])
 
