@@ -7,9 +7,10 @@ OVERRIDES ?=
 EXTRAS := train,slurm,reward,viz,dev
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install system-packages run test test-repeat test-gpu test-unit lint format bench bench-gpu gpu-wheels ablate clean ci warmstart warmstart-countdown reward-model vllm-venv eval scale
-# rollout/engine=vllm in OVERRIDES: the target also needs the vLLM venv
-NEEDS_VLLM := $(if $(findstring rollout/engine=vllm,$(OVERRIDES)),vllm-venv)
+.PHONY: install system-packages run test test-repeat test-gpu test-unit lint format bench bench-gpu bench-gpu-moe gpu-wheels ablate clean ci warmstart warmstart-countdown warmstart-moe reward-model vllm-venv eval scale
+# rollout/engine=vllm in OVERRIDES, or an experiment served by vLLM: the target also needs the vLLM venv
+VLLM_EXPERIMENTS := local_moe
+NEEDS_VLLM := $(if $(or $(findstring rollout/engine=vllm,$(OVERRIDES)),$(filter $(VLLM_EXPERIMENTS),$(EXP))),vllm-venv)
 
 # Idempotent (requirements/pip_install.py keeps a digest of its inputs in $(VENV)/.installed).
 # CPU machines get the CPU torch wheel (from PyTorch's CPU index when the package index lacks it:
@@ -40,7 +41,7 @@ run: install $(NEEDS_VLLM)
 # file: pass@1, pass@k, greedy accuracy, mean length, truncation rate; docs/evaluation.md.
 # make eval CKPT=runs/tiny-arith/final_hf DATA=builtin EVAL_ARGS="-n 8 --limit 128"
 # make eval CKPT=runs/countdown/final_hf DATA=countdown (no CKPT: the task's warm start)
-CKPT ?= $(if $(filter countdown,$(DATA)),areal_jobs/data/builtin_model_countdown,areal_jobs/data/builtin_model)
+CKPT ?= $(if $(filter countdown,$(DATA)),areal_jobs/tasks/models/builtin_model_countdown,areal_jobs/tasks/models/builtin_model)
 DATA ?= builtin
 EVAL_ARGS ?=
 eval: install $(if $(findstring vllm,$(EVAL_ARGS)),vllm-venv)
@@ -53,17 +54,22 @@ scale: install
 
 # Rebuild the committed built-in model (tokenizer + tiny Qwen2 + supervised warm start).
 warmstart: install
-	$(PY) -m areal_jobs.data.tiny_model --out areal_jobs/data/builtin_model
+	$(PY) -m areal_jobs.tasks.warm_start.tiny_model --out areal_jobs/tasks/models/builtin_model
 
-# Rebuild the committed countdown warm start (make run EXP=countdown; data/countdown_model.py).
+# Rebuild the committed mixture-of-experts warm start (make run EXP=local_moe; tasks/warm_start/tiny_moe_model.py):
+# the dense warm start upcycled into a tiny Qwen3-MoE, then a short continued warm start.
+warmstart-moe: install
+	$(PY) -m areal_jobs.tasks.warm_start.tiny_moe_model --out areal_jobs/tasks/models/builtin_model_moe
+
+# Rebuild the committed countdown warm start (make run EXP=countdown; tasks/warm_start/countdown_model.py).
 warmstart-countdown: install
-	$(PY) -m areal_jobs.data.countdown_model --out areal_jobs/data/builtin_model_countdown
+	$(PY) -m areal_jobs.tasks.warm_start.countdown_model --out areal_jobs/tasks/models/builtin_model_countdown
 
 # Rebuild the committed built-in reward model (a classifier of answer correctness, trained on the
 # built-in policy's own sampled answers and on worked answers with slips, each labelled by the
 # verifier; ~18 min on 2 cores).
 reward-model: install
-	$(PY) -m areal_jobs.data.reward_model --out areal_jobs/data/builtin_reward_model
+	$(PY) -m areal_jobs.tasks.warm_start.reward_model --out areal_jobs/tasks/models/builtin_reward_model
 
 # CPU test suite (unit + integration against real SGLang, Megatron-Core, SLURM, ZeroMQ, sandbox).
 # TEST_WORKERS pytest-xdist workers (tests/conftest.py groups the tests that share a server or the
@@ -101,7 +107,12 @@ bench: install vllm-venv
 # micro-batch, before/after head and attention kernels, MFU in three units, memory beside the planner;
 # <= 8 minutes on one H100/H200 (OVERRIDES="--budget-s 600"); OVERRIDES=--smoke runs it on CPU.
 bench-gpu: install
-	$(PY) -m bench.gpu_trainer $(OVERRIDES)
+	$(PY) -m bench.trainer.gpu_trainer $(OVERRIDES)
+
+# The mixture of experts on one GPU (bench/README.md, issue 44): Qwen3-30B-A3B's first 4 layers, 32k tokens,
+# no compile rows: the prepared device command (<= 340 s); OVERRIDES=--smoke runs a 2-layer Qwen3-MoE on CPU.
+bench-gpu-moe: install
+	$(PY) -m bench.trainer.gpu_trainer --shape qwen3_30b_a3b --layers 4 --sizes 32768 --no-compile --budget-s 340 $(OVERRIDES)
 
 # The wheels a lent GPU machine lacks (it has torch, triton and transformers; no megatron-core, Hydra),
 # for Python 3.12 x86-64, into .whl/ (gitignored, ~3 MB): carried with `carry: [".whl"]` (bench/README.md)
@@ -119,7 +130,7 @@ gpu-wheels: install
 # make ablate ABLATE=pilot OVERRIDES="--budget-h 3"
 ABLATE ?= calibrate
 ablate: install
-	$(PY) -m bench.ablate $(ABLATE) $(OVERRIDES)
+	$(PY) -m bench.staleness.ablate $(ABLATE) $(OVERRIDES)
 
 ci: lint test
 

@@ -30,13 +30,27 @@ class RewardStatus(enum.Enum):
     grader_error = "grader_error"
     # The reward model gave no usable score: no answer by its deadline, a transport or server
     # error, an unparseable verdict. Says nothing about the response: the sample is counted and
-    # left out of training (trainer/batch.py), never scored as a 0.
+    # left out of training (trainer/intake/batch.py), never scored as a 0.
     model_error = "model_error"
+    # A user's reward function (reward.function, reward/user_fn.py) gave no usable score: it
+    # raised (or its worker died), ran past reward.timeout_s, or returned no finite number. Says
+    # nothing about the response: left out of training like model_error, never scored as a 0.
+    fn_error = "fn_error"
+    fn_timeout = "fn_timeout"
+    fn_invalid = "fn_invalid"
 
 
-# Samples with these statuses have no reward: trainer/batch.py leaves them out of the group's
+# Samples with these statuses have no reward: trainer/intake/batch.py leaves them out of the group's
 # advantages and of the loss.
-UNSCORED_STATUSES = frozenset({RewardStatus.model_error.value})
+UNSCORED_STATUSES = frozenset(
+    s.value
+    for s in (
+        RewardStatus.model_error,
+        RewardStatus.fn_error,
+        RewardStatus.fn_timeout,
+        RewardStatus.fn_invalid,
+    )
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,10 @@ class RewardRequest:
     response: str
     reference: str  # gold answer, or a JSON test spec for code tasks
     prompt: str = ""  # the prompt as the policy saw it: what a reward model or judge reads with the response
+    data_source: str = (
+        ""  # the row's source (verl's `data_source`; a mixture's source name): routes the reward
+    )
+    extra_info: str = "{}"  # JSON object: the row's other fields, for a user's reward function
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +74,9 @@ class RewardResult:
     detail: str = ""  # short, human-readable reason (never the untrusted output itself)
     # tool tasks only (reward/tool_python.py): the text the model reads, capped; untrusted
     output: str = ""
+    # a user's reward function returning {"score": s, "<key>": v, ...}: the other numeric keys, as
+    # (key, value) pairs (frozen, picklable); the reward service logs their means as reward/fn/<key>
+    metrics: tuple[tuple[str, float], ...] = ()
 
 
 class RewardFn(Protocol):
@@ -124,6 +145,23 @@ class GenerateResponse:
     logprobs: list[float]  # behaviour log-probs, one per output token
     finish_reason: FinishReason
     weight_version: int  # the policy version every token of this segment was sampled under
+    # trainer.routing_replay=rollout: the experts the engine routed this request's input positions
+    # to (a mixture of experts); None when not asked for or not reported
+    routes: ExpertRoutes | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ExpertRoutes:
+    """The experts one request's forward routed a run of positions to (routing replay).
+
+    `ids[i, l, k]`: the k-th expert of decoder layer l at position `start + i` of the request's
+    input + output tokens (uint8, or uint16 with 255+ experts; the dtype's all-ones value: no route).
+    A position's experts are the ones computed when it was the model's input, i.e. while the
+    next token was sampled: the last output token has none, a cached prompt prefix none either.
+    """
+
+    start: int
+    ids: np.ndarray  # [rows, layers, top_k]
 
 
 class Health(enum.Enum):
@@ -270,7 +308,7 @@ class WeightSender:
 
 
 # ------------------------------------------------------------------------------------ trainer
-# Built from trajectory groups by trainer/batch.py; per sample: input_ids [L] = prompt [p] +
+# Built from trajectory groups by trainer/intake/batch.py; per sample: input_ids [L] = prompt [p] +
 # output [n]; behav_logprobs and versions are [n].
 
 
@@ -284,6 +322,8 @@ class TrainSample:
     advantage: float
     reward: float
     loss_mask: np.ndarray | None = None  # uint8 [n], 0 = not trained (algo.mask_truncated); None = all 1
+    # trainer.routing_replay=rollout: the engine's experts [p + n, layers, top_k] (transport/routes.py)
+    routes: np.ndarray | None = None
 
     @property
     def num_output_tokens(self) -> int:

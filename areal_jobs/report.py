@@ -48,6 +48,18 @@ def length_table(by_length: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def source_table(by_source: dict[str, dict]) -> str:
+    """summary.json's `by_source` as an aligned text table (one row per mixture source): held-out
+    accuracy at the start and the end, and the last training batches' reward and accuracy."""
+    columns = (*LENGTH_COLUMNS, "train_reward", "train_accuracy")
+    width = max(7, *(len(name) for name in by_source)) if by_source else 7
+    lines = [f"{'source':{width}s} prompts  " + "  ".join(f"{c:>14s}" for c in columns)]
+    for name, row in by_source.items():
+        cells = [f"{row[c]:14.3f}" if isinstance(row.get(c), float) else f"{'-':>14s}" for c in columns]
+        lines.append(f"{name:{width}s} {row.get('num_prompts', 0):7d}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
 def write_summary(run_dir: Path, summary: dict) -> Path:
     path = run_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=True))

@@ -14,7 +14,9 @@ sandbox (code rewards/s by sandbox mode: root netns vs unprivileged userns),
 trainer (torch vs Megatron tokens/s), trainer_memory (peak memory and tokens/s at 2k-32k tokens
 per micro-batch, before/after, beside the planner's memory model), engine (SGLang vs vLLM).
 The sections that need an SGLang server share one (2 threads), started once and stopped before
-the end-to-end runs start their own processes.
+the end-to-end runs start their own processes. Under --quick, engine and weight_delta also share
+one bf16 vLLM server (QUICK_SHARED_VLLM), and on a 2-core machine e2e's colocated run uses the
+shared SGLang server, then stops it (QUICK_SHARED_SGLANG); the full bench starts one per section.
 Writes bench/results.json (metrics, per-section wall time and load average, machine) and prints
 one markdown headline table plus a table per section. A failing section is reported, the others
 still run, and the exit code is 1.
@@ -47,24 +49,35 @@ LOG_DIR = (
 # runs after the shared server is gone, the long reward and trainer benches last. The engine
 # comparison measures SGLang on the shared server (one start fewer), then starts vLLM.
 SECTIONS: list[tuple[str, str, bool]] = [
-    ("packing", "bench.packing_bench", False),
-    ("controller", "bench.controller_bench", False),
-    ("weight_sync", "bench.weight_sync_bench", True),
-    ("pause", "bench.pause_bench", True),
-    ("reward_overhead", "bench.reward_overhead_bench", True),
-    ("engine", "bench.engine_bench", True),  # SGLang vs vLLM: vLLM started by the section itself
+    ("packing", "bench.trainer.packing_bench", False),
+    ("controller", "bench.rollout.controller_bench", False),
+    ("weight_sync", "bench.weights.weight_sync_bench", True),
+    ("pause", "bench.rollout.pause_bench", True),
+    ("reward_overhead", "bench.reward.reward_overhead_bench", True),
+    ("engine", "bench.rollout.engine_bench", True),  # SGLang vs vLLM: vLLM started by the section itself
     # full copy vs delta by phase on bf16 SGLang and vLLM servers (its own, one at a time), and
     # the share of bf16 values changed per step (issue 35)
-    ("weight_delta", "bench.weight_delta_bench", False),
-    ("e2e", "bench.e2e_bench", False),
-    ("reward", "bench.reward_bench", False),
+    ("weight_delta", "bench.weights.weight_delta_bench", False),
+    ("e2e", "bench.e2e.e2e_bench", False),
+    ("reward", "bench.reward.reward_bench", False),
     # reward-model answers/s per server (reward.model.answers_per_s for the planner), batched vs not
-    ("reward_model", "bench.reward_model_bench", False),
-    ("sandbox", "bench.sandbox_bench", False),  # code rewards/s: netns (root) vs userns (as nobody)
-    ("trainer", "bench.trainer_bench", False),
+    ("reward_model", "bench.reward.reward_model_bench", False),
+    ("sandbox", "bench.reward.sandbox_bench", False),  # code rewards/s: netns (root) vs userns (as nobody)
+    ("trainer", "bench.trainer.trainer_bench", False),
     # peak memory and tokens/s per micro-batch size, before/after, beside the memory model (issue 25)
-    ("trainer_memory", "bench.trainer_memory_bench", False),
+    ("trainer_memory", "bench.trainer.trainer_memory_bench", False),
 ]
+
+
+# --quick: the sections that share one bf16 vLLM server (2 threads; weight_delta's own settings),
+# started by the first to ask and stopped after the last, instead of one each: a vLLM start is
+# 40-100 s of a 2-core CI machine. The full bench keeps one per section (engine's in float32,
+# as its SGLang, weight_delta's in bf16).
+QUICK_SHARED_VLLM = ("engine", "weight_delta")
+# --quick where the shared SGLang server already has every core's threads (CI: 2 cores): e2e's
+# colocated run uses it (the server it would start: same model, threads and token budget) and
+# stops it before its launch.local runs, instead of starting its own
+QUICK_SHARED_SGLANG = ("e2e",)
 
 
 def _load() -> float:
@@ -72,7 +85,7 @@ def _load() -> float:
 
 
 def run_sections(names: list[str], quick: bool) -> dict:
-    from bench.harness import bench_model, sglang_server
+    from bench.harness import SharedServer, bench_model, sglang_server
 
     results: dict = {"quick": quick, "sections": {}, "errors": {}, "timing_s": {}, "load_after": {}}
     results["machine"] = {
@@ -83,9 +96,20 @@ def run_sections(names: list[str], quick: bool) -> dict:
     }
     t_start = time.monotonic()
     chosen = [s for s in SECTIONS if s[0] in names]
+    late_users = QUICK_SHARED_SGLANG if quick and os.cpu_count() == SHARED_SERVER_THREADS else ()
+    chosen = [(name, module, shared or name in late_users) for name, module, shared in chosen]
     server_users = [name for name, _, shared in chosen if shared]
+    vllm_users = [name for name, _, _ in chosen if quick and name in QUICK_SHARED_VLLM]
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
+
+    def start_vllm():  # imported here: a run without these sections loads no trainer stack
+        from areal_jobs.config import RolloutEngine
+        from bench.weights.weight_delta_bench import start_bf16_server
+
+        return start_bf16_server(RolloutEngine.vllm, bench_model(), LOG_DIR)
+
+    vllm = SharedServer(start_vllm, LOG_DIR / "vllm-bf16.log")
+    with contextlib.closing(vllm), contextlib.ExitStack() as stack:  # vllm: closing twice is a no-op
         server = None
         for name, module, shared in chosen:
             if shared and server is None:
@@ -95,6 +119,10 @@ def run_sections(names: list[str], quick: bool) -> dict:
             try:
                 mod = importlib.import_module(module)
                 kwargs = {"server": server} if shared else {}
+                if name in late_users:
+                    kwargs["release"] = stack.close  # it frees the cores before its own processes
+                if name in vllm_users:
+                    kwargs["vllm"] = vllm
                 results["sections"][name] = mod.run(quick=quick, **kwargs)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep what was measured, stop here
                 results["errors"][name] = "interrupted"
@@ -108,6 +136,8 @@ def run_sections(names: list[str], quick: bool) -> dict:
                 f"[bench] {name}: {results['timing_s'][name]} s, load {results['load_after'][name]}",
                 file=sys.stderr,
             )
+            if vllm_users and name == vllm_users[-1]:
+                vllm.close()
             if shared and name == server_users[-1]:
                 stack.close()  # the end-to-end runs start their own processes: free the cores
                 server = None

@@ -18,7 +18,7 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from areal_jobs.api import RewardResult, TensorSpec, WeightSender
@@ -41,7 +41,7 @@ STEP_TIMEOUT_S = 300.0
 def bench_model() -> Path:
     """The model `make run` trains: the committed warm start of the built-in tokenizer and tiny
     Qwen2, whose answers follow the task's long-tailed lengths (a random model's would not)."""
-    from areal_jobs.data.tiny_model import PACKAGED_DIR
+    from areal_jobs.tasks.warm_start.tiny_model import PACKAGED_DIR
 
     return PACKAGED_DIR
 
@@ -76,6 +76,31 @@ def sglang_server(
             raise RuntimeError(f"the SGLang server died during the bench; last lines of {log}:\n{_tail(log)}")
     finally:
         server.stop()
+
+
+class SharedServer:
+    """A server some sections share: started (and waited for) by the first `get`, stopped by
+    `close` (idempotent: the last user may close it early to free the cores, the bench closes it
+    after its last user in any case). `start` returns a started, not yet healthy, server."""
+
+    def __init__(self, start: Callable[[], ServerProcess], log: Path) -> None:
+        self._start, self._log = start, log
+        self._server: ServerProcess | None = None
+
+    def get(self) -> ServerProcess:
+        if self._server is None:
+            self._server = self._start()
+            try:
+                self._server.wait_healthy(timeout_s=600)
+            except (RuntimeError, TimeoutError) as exc:
+                self.close()
+                raise RuntimeError(f"{exc}; last lines of {self._log}:\n{_tail(self._log)}") from None
+        return self._server
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
 
 def run_on_server(body, quick: bool, server=None, prefix: str = "bench_"):

@@ -165,7 +165,7 @@ def markdown(results: dict) -> str:
     if "e2e" in results.get("sections", {}):
         parts.append(e2e_tables(results["sections"]["e2e"]))
     if "trainer_memory" in results.get("sections", {}):
-        from bench.trainer_memory_bench import table
+        from bench.trainer.trainer_memory_bench import table
 
         parts.append(table(results["sections"]["trainer_memory"]))
     for name, metrics in results.get("sections", {}).items():

@@ -2,7 +2,7 @@
 
 import sys
 
-from launch.planning.allocation import main
+from launch.planning.layout.allocation import main
 
 if __name__ == "__main__":
     sys.exit(main())

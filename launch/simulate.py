@@ -2,7 +2,7 @@
 
 import sys
 
-from launch.planning.simulate import main
+from launch.planning.reports.simulate import main
 
 if __name__ == "__main__":
     sys.exit(main())

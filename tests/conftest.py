@@ -154,7 +154,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     """The built-in tokenizer and a randomly initialised tiny Qwen2 (no warm start): seconds to build."""
     import torch
 
-    from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
+    from areal_jobs.tasks.warm_start.tiny_model import TinyRecipe, build_builtin_model
 
     threads = torch.get_num_threads()  # the build sets torch's thread count and seeds its RNG
     try:

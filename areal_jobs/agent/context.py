@@ -179,6 +179,7 @@ class EpisodeContext:
             RewardRequest(
                 self.prompt.reward_task, text, self.prompt.reference,
                 prompt=self._services.text.decode_raw(self.prompt.input_ids),
+                data_source=self.prompt.data_source, extra_info=self.prompt.extra_info,
             )
         )  # fmt: skip
         self.reward_status = result.status.value

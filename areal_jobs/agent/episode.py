@@ -6,6 +6,8 @@
                                   tokens get the version current when they were appended
                   loss_mask  [n]  1 on model tokens, 0 on environment / user / tool tokens
                   events          ["model" | "env" | "tool", start, end, extra], in order
+                  routes          the engine's expert routes (trainer.routing_replay=rollout): JSON
+                                  segments over prompt + output positions (transport/routes.py)
 
 `events` is the episode's recording: a model event spans one turn's tokens (extra: its finish
 reason, "" while the turn is being generated), an env event spans appended tokens (extra ""), a
@@ -20,6 +22,9 @@ freshness (messages.TrajectoryGroup.oldest_version reads versions where loss_mas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from areal_jobs.api import ExpertRoutes
+from areal_jobs.transport.routes import add_segment
 
 MODEL, ENV, TOOL = "model", "env", "tool"
 
@@ -40,6 +45,7 @@ class EpisodeState:
     num_tool_calls: int = 0  # tool events recorded
     reward: float = 0.0
     reward_status: str = ""  # api.RewardStatus value or "error"; "" until the episode has its reward
+    routes: list[list] = field(default_factory=list)  # transport/routes.py's JSON segments; [] = none
 
     def __post_init__(self) -> None:
         # a state built from tokens alone (unit tests, evaluation) is one model turn in progress
@@ -64,8 +70,11 @@ class EpisodeState:
         self.num_turns += 1
         return len(self.output_ids)
 
-    def add_model_tokens(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
-        """One segment of the turn in progress (open_turn first)."""
+    def add_model_tokens(
+        self, token_ids: list[int], logprobs: list[float], version: int, routes: ExpertRoutes | None = None
+    ) -> None:
+        """One segment of the turn in progress (open_turn first); `routes`: its request's expert
+        routes (positions of prompt + output), kept only past what earlier segments covered."""
         assert self.events and self.events[-1][0] == MODEL and self.events[-1][3] == "", "no open turn"
         assert len(token_ids) == len(logprobs), "one log-prob per token"
         self.output_ids += token_ids
@@ -73,6 +82,8 @@ class EpisodeState:
         self.versions += [version] * len(token_ids)
         self.loss_mask += [1] * len(token_ids)
         self.events[-1][2] = len(self.output_ids)
+        if routes is not None:
+            add_segment(self.routes, routes)
 
     def close_turn(self, finish_reason: str) -> str:
         assert finish_reason, "a finished turn has a finish reason"

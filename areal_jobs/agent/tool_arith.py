@@ -1,13 +1,13 @@
 """`tool_arith`: the built-in arithmetic task with a calculator the model may call mid-answer.
 
-The call format is data/arith_tools.py's: the model writes "a: 8+3=<calc>(8+3)%10</calc>", its
+The call format is tasks/arith_tools.py's: the model writes "a: 8+3=<calc>(8+3)%10</calc>", its
 turn stops at "</calc>", the calculator's result ("1") is appended with loss mask 0, and the
 model continues from it. Up to `rollout.workflow.max_tool_calls` calls an episode; after the last
 one the model's turns no longer stop at "</calc>", so a further call is plain text that nobody
 answers. The episode's reward is the task's reward on the whole answer (tool results included:
 the final "The answer is N." sentence is the model's own).
 
-Why tools pay off here: the warm start (areal_jobs/data/builtin_model_tools) writes one digit too
+Why tools pay off here: the warm start (areal_jobs/tasks/models/builtin_model_tools) writes one digit too
 high on the misconception facts (arith_task.MISCONCEPTION_FACTS) and slips elsewhere, while a
 called step is always right. The warm start calls rarely, so RL has a behaviour to amplify that
 raises the reward: the run shows accuracy and rollout/tool_calls_per_episode rising together.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from areal_jobs.data.arith_tools import CALL_CLOSE, TOOL_NAME, expression_of
+from areal_jobs.tasks.arith_tools import CALL_CLOSE, TOOL_NAME, expression_of
 
 if TYPE_CHECKING:
     from areal_jobs.agent.context import EpisodeContext

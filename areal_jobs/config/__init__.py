@@ -10,7 +10,7 @@ component only its own slice. Everything is re-exported here: `from areal_jobs.c
 from areal_jobs.config.algo import Advantage, AlgoConfig
 from areal_jobs.config.cluster import ClusterConfig, ClusterKind, LaunchConfig, Placement
 from areal_jobs.config.control import ControlConfig
-from areal_jobs.config.data import DataConfig, Dataset, DType, ModelConfig
+from areal_jobs.config.data import DataConfig, DataFormat, Dataset, DType, ModelConfig, SourceConfig
 from areal_jobs.config.job import (
     TOKEN_ENV,
     JobConfig,
@@ -25,7 +25,7 @@ from areal_jobs.config.job import (
 )
 from areal_jobs.config.keys import check_override_keys, closest_key, schema_keys, unknown_keys
 from areal_jobs.config.lora import LoraConfig, LoraFinal, LoraShip
-from areal_jobs.config.reward import NetworkIsolation, RewardConfig, RewardSource
+from areal_jobs.config.reward import FunctionIsolation, NetworkIsolation, RewardConfig, RewardSource
 from areal_jobs.config.reward_model import (
     RewardModelConfig,
     RewardModelInput,
@@ -47,6 +47,7 @@ from areal_jobs.config.trainer import (
     DistBackend,
     LogprobKernel,
     Recompute,
+    RoutingReplay,
     SyncMode,
     TrainerBackend,
     TrainerConfig,
@@ -56,6 +57,7 @@ from areal_jobs.config.trainer import (
 
 __all__ = [
     "Advantage",
+    "FunctionIsolation",
     "AlgoConfig",
     "Attention",
     "CheckpointConfig",
@@ -65,6 +67,7 @@ __all__ = [
     "Placement",
     "DType",
     "DataConfig",
+    "DataFormat",
     "Dataset",
     "DistBackend",
     "JobConfig",
@@ -77,6 +80,7 @@ __all__ = [
     "NetworkIsolation",
     "PauseMode",
     "Recompute",
+    "RoutingReplay",
     "RewardConfig",
     "RewardModelConfig",
     "RewardModelInput",
@@ -89,6 +93,7 @@ __all__ = [
     "LoggingConfig",
     "RunConfig",
     "ServingDType",
+    "SourceConfig",
     "SyncMode",
     "TOKEN_ENV",
     "WandbMode",

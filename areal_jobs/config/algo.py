@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class Advantage(enum.Enum):
@@ -75,11 +76,68 @@ class ImportanceLevel(enum.Enum):
     sequence = "sequence"
 
 
+class DriftMeasure(enum.Enum):
+    """algo.max_staleness=auto: the trainer's drift measure the bound follows (loss_stats.py)."""
+
+    preclip = "preclip"  # offpolicy/preclip_fraction: share of tokens with w outside the clip range
+    ess = "ess"  # 1 - offpolicy/ess: one minus the behaviour weights' effective sample size
+
+
+class Objective(enum.Enum):
+    """The policy-gradient objective (docs/objective.md, "Objectives for stale data": source,
+    anchor and defaults of each). Which policy anchors the trust region: π_b the behaviour policy
+    (the sampler), π_p the proximal one (the weights as the step begins)."""
+
+    # follow algo.decoupled (the keys before issue 42): decoupled, or ppo with algo.decoupled=false
+    auto = "auto"
+    ppo = "ppo"  # PPO clip around π_b (algo.decoupled=false): the ablation's "naive"
+    decoupled = "decoupled"  # AReaL: clip around π_p, times w = π_p / π_b (and the behaviour-weight mode)
+    # decoupled, and no gradient where w leaves [icepop_low, icepop_high] (per token, or per
+    # sample on its geometric-mean w): IcePop, verl rollout rejection, AReaL rejection_sampling
+    icepop = "icepop"
+    # M2PO's official code: PPO clip around π_b whose width [e^-τ, e^τ] is chosen per micro-batch
+    # so that the harmful tokens' mean (log π_θ/π_b)² capped at τ² is within algo.m2_budget
+    m2po = "m2po"
+    # AReaL's port of M2PO: decoupled, after masking the tokens of largest (log π_p/π_b)² until
+    # the rest's mean is under algo.m2_budget (per micro-batch)
+    m2po_areal = "m2po_areal"
+    # prime-rl's default loss: -keep·A·(π_θ/π_b) + prime_kl_coef·(log π_θ/π_b)², keep = 0 where
+    # the token's probability moved past ±prime_mask_high/low since sampling in A's direction
+    prime = "prime"
+    # CISPO (MiniMax-M1, ScaleRL): -sg(clip(π_θ/π_b, 1 - cispo_eps_low, 1 + cispo_eps_high))·A·log π_θ
+    cispo = "cispo"
+
+    @property
+    def needs_prox(self) -> bool:
+        """Whether the loss reads π_p (the backends compute it; else they pass π_b in its place)."""
+        return self in (Objective.decoupled, Objective.icepop, Objective.m2po_areal)
+
+
+class MaskLevel(enum.Enum):
+    """What a behaviour-ratio mask tests: each token's w, or its sample's geometric-mean w."""
+
+    token = "token"
+    sequence = "sequence"
+
+
+class EssStep(enum.Enum):
+    """VCPO-style step size: the learning rate of each optimiser step times f(ESS), ESS the
+    effective sample size (Σw)² / (n Σw²) of w = π_θ/π_b over the minibatch's tokens, θ the
+    weights the step starts from (reduced over every rank before the step)."""
+
+    off = "off"
+    sqrt = "sqrt"  # lr · sqrt(ESS): VCPO's rule for AdamW-style optimisers
+    linear = "linear"  # lr · ESS (for SGD-like steps)
+
+
 @dataclass
 class AlgoConfig:
     """Staleness-bounded decoupled PPO (AReaL)."""
 
-    max_staleness: int = 4  # eta: max policy versions between sampling a token and training on it
+    # eta: max policy versions between sampling a token and training on it; or "auto" (the bound
+    # follows the drift, up to staleness_ceiling: the fields at the end). Any, not int: OmegaConf 2.3
+    # has no int | str union; __post_init__ leaves an int here (the ceiling under auto)
+    max_staleness: Any = 4
     # d >= 0: every batch trains on samples exactly d versions old (from version d on; before, on
     # version 0's: the ramp), for ablations whose x-axis must be the staleness the samples had.
     # Needs max_staleness = d. -1 = off (samples are 0..max_staleness old, oldest first)
@@ -115,8 +173,37 @@ class AlgoConfig:
     overlong_penalty: float = 1.0  # reward penalty at max_new_tokens (grows linearly over the buffer)
     mask_truncated: bool = False  # samples cut at max_new_tokens train no token (AReaL mask_no_eos_with_zero)
     ppo_minibatches: int = 1  # optimiser steps per batch; the clip keeps later ones near the proximal policy
+    # algo.max_staleness=auto: the controller moves the admission bound between staleness_floor and
+    # staleness_ceiling from the drift the trainer measures (areal_jobs/staleness_bound.py has the law)
+    staleness_auto: bool = False  # set by max_staleness=auto; max_staleness then holds the ceiling
+    staleness_ceiling: int = 8  # auto: the largest bound, and the one the run starts with
+    staleness_floor: int = 0  # auto: the smallest bound (0 = synchronous)
+    staleness_drift: DriftMeasure = DriftMeasure.preclip  # auto: the measure the law reads
+    staleness_drift_target: float = 0.03  # auto: its mean over the window above this lowers the bound
+    staleness_raise_below: float = 0.5  # auto: the bound rises while the mean stays below this x target ...
+    staleness_hold_steps: int = 10  # ... for this many steps in a row, one version at a time
+    staleness_window_steps: int = 5  # auto: the drift is averaged over this many steps
+
+    # issue 42: the objective (Objective above; docs/objective.md) and each one's knobs, defaults
+    # as their sources'. auto = the keys before: algo.decoupled picks decoupled or ppo
+    objective: Objective = Objective.auto
+    icepop_low: float = 0.5  # icepop: keep a token (sample) while w is in [icepop_low, icepop_high]
+    icepop_high: float = 5.0  # IcePop's band as cited (0.5, 5); verl's "0.5_2.0", slime's [0, 2]
+    icepop_level: MaskLevel = MaskLevel.token
+    m2_budget: float = 0.04  # m2po, m2po_areal: the budget on the mean squared log-ratio
+    # m2po: the official code's optional bounds on its clip (miniclip_low/high 0.3 / 0.5): ε_low at
+    # least this, ε_high at most this; 0 = off, as in its 256-stale script
+    m2po_min_eps_low: float = 0.0
+    m2po_max_eps_high: float = 0.0
+    prime_mask_low: float = 0.2  # prime: masked when A < 0 and π_θ - π_b < -prime_mask_low ...
+    prime_mask_high: float = 0.2  # ... or A > 0 and π_θ - π_b > prime_mask_high (probabilities)
+    prime_kl_coef: float = 1e-3  # prime: coefficient of (log π_θ/π_b)² on every valid token
+    cispo_eps_low: float = 1.0  # cispo: weight >= 1 - eps_low; 1 = no lower bound (verl's example: 10)
+    cispo_eps_high: float = 0.2  # cispo: weight <= 1 + eps_high (verl's example: 1.2)
+    ess_step: EssStep = EssStep.off  # VCPO-style: lr times f(ESS) each optimiser step, any objective
 
     def __post_init__(self) -> None:
+        self._resolve_auto_staleness()
         if self.max_staleness < 0:
             raise ValueError("algo.max_staleness must be >= 0 (0 = synchronous)")
         if self.exact_delay < -1:
@@ -171,6 +258,97 @@ class AlgoConfig:
         if not 1 <= self.ppo_minibatches <= self.batch_size * self.group_size:
             raise ValueError("algo.ppo_minibatches must be in [1, algo.batch_size * algo.group_size]")
 
+        self._check_objective()
+
+    def _check_objective(self) -> None:
+        self.objective = Objective(self.objective)
+        self.icepop_level, self.ess_step = MaskLevel(self.icepop_level), EssStep(self.ess_step)
+        objective = self.objective
+        if objective is not Objective.auto:
+            if objective.needs_prox and not self.decoupled:
+                raise ValueError(
+                    f"algo.objective={objective.value} weights and masks by π_p / π_b, so it needs the "
+                    "proximal policy: drop algo.decoupled=false (or set algo.objective=ppo)"
+                )
+            # the others anchor on π_b: the backends pass b as p and skip the proximal pass
+            self.decoupled = objective.needs_prox
+        if self.loss_objective is not Objective.decoupled and self.prox_logp is ProxLogp.loglinear:
+            raise ValueError(
+                f"algo.prox_logp=loglinear is only implemented for algo.objective=decoupled "
+                f"(got {self.loss_objective.value}): leave algo.prox_logp=current"
+            )
+        if self.loss_objective in (Objective.m2po, Objective.prime, Objective.cispo):
+            if self.importance_level is ImportanceLevel.sequence or self.dual_clip_c > 0:
+                raise ValueError(
+                    f"algo.objective={objective.value} has its own per-token ratio and clip: leave "
+                    "algo.importance_level=token and algo.dual_clip_c=0 (they apply to the PPO clip of "
+                    "ppo, decoupled, icepop and m2po_areal)"
+                )
+        if not 0.0 <= self.icepop_low < 1.0 < self.icepop_high:
+            raise ValueError("algo.icepop_low and algo.icepop_high need 0 <= icepop_low < 1 < icepop_high")
+        if self.m2_budget <= 0:
+            raise ValueError("algo.m2_budget must be > 0 (M2PO's default 0.04)")
+        if not 0.0 <= self.m2po_min_eps_low < 1.0 or self.m2po_max_eps_high < 0:
+            raise ValueError(
+                "algo.m2po_min_eps_low must be in [0, 1) and algo.m2po_max_eps_high >= 0 (0 = off)"
+            )
+        if self.prime_mask_low <= 0 or self.prime_mask_high <= 0 or self.prime_kl_coef < 0:
+            raise ValueError(
+                "algo.prime_mask_low/high must be > 0 (probabilities, 0.2) and algo.prime_kl_coef >= 0"
+            )
+        if self.cispo_eps_low <= 0 or self.cispo_eps_high <= 0:
+            raise ValueError("algo.cispo_eps_low and algo.cispo_eps_high must be > 0 (1 and 0.2 by default)")
+
+    @property
+    def loss_objective(self) -> Objective:
+        """The objective in force: algo.objective, or for auto the one algo.decoupled names."""
+        if self.objective is not Objective.auto:
+            return self.objective
+        return Objective.decoupled if self.decoupled else Objective.ppo
+
     @property
     def clip_high(self) -> float:
         return self.eps_clip_high or self.clip_eps
+
+    def _resolve_auto_staleness(self) -> None:
+        """max_staleness: an int >= 0, or "auto" -> staleness_auto and the ceiling as the hard bound
+        (what the trainer's freshness check and every planner read). Idempotent: a saved config
+        (max_staleness = the ceiling, staleness_auto true) loads as the same auto run."""
+        value = self.max_staleness
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            self.staleness_auto, value = True, self.staleness_ceiling
+        elif isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(
+                f"algo.max_staleness={value!r}: an integer >= 0 (0 = synchronous) or auto, "
+                "e.g. algo.max_staleness=4 or algo.max_staleness=auto"
+            )
+        self.max_staleness = value
+        self.staleness_drift = DriftMeasure(self.staleness_drift)
+        if not self.staleness_auto:
+            return
+        if self.max_staleness != self.staleness_ceiling:
+            raise ValueError(
+                f"algo.staleness_auto=true takes its ceiling from algo.staleness_ceiling="
+                f"{self.staleness_ceiling}, but algo.max_staleness={self.max_staleness}: set "
+                "algo.max_staleness=auto (and algo.staleness_ceiling=N for another ceiling)"
+            )
+        if not 0 <= self.staleness_floor < self.staleness_ceiling:
+            raise ValueError(
+                f"algo.staleness_floor={self.staleness_floor} and algo.staleness_ceiling="
+                f"{self.staleness_ceiling}: need 0 <= floor < ceiling (e.g. algo.staleness_ceiling=8)"
+            )
+        if self.exact_delay >= 0:
+            raise ValueError(
+                "algo.exact_delay fixes every sample's staleness; algo.max_staleness=auto moves the "
+                "bound: set algo.exact_delay=-1 or a number for algo.max_staleness"
+            )
+        if not self.staleness_drift_target > 0:
+            raise ValueError("algo.staleness_drift_target must be > 0, e.g. algo.staleness_drift_target=0.03")
+        if not 0 < self.staleness_raise_below < 1:
+            raise ValueError(
+                "algo.staleness_raise_below must be in (0, 1), e.g. algo.staleness_raise_below=0.5"
+            )
+        if self.staleness_hold_steps < 1 or self.staleness_window_steps < 1:
+            raise ValueError("algo.staleness_hold_steps and algo.staleness_window_steps must be >= 1")

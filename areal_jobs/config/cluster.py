@@ -14,7 +14,7 @@ class ClusterKind(enum.Enum):
 
 
 class Placement(enum.Enum):
-    """How roles share the GPUs (launch/planning/placement.py)."""
+    """How roles share the GPUs (launch/planning/layout/placement.py)."""
 
     auto = "auto"  # whole nodes where the rollout fraction splits the nodes exactly, else GPU-level
     nodes = "nodes"  # heterogeneous job: rollout nodes + trainer nodes (needs cluster.nodes >= 2)
@@ -31,14 +31,14 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass
 class ClusterConfig:
-    """Where the job runs. Cluster mode renders one heterogeneous SLURM job (launch/planning/plan.py
+    """Where the job runs. Cluster mode renders one heterogeneous SLURM job (launch/planning/layout/plan.py
     decides the layout, launch/slurm/render.py writes the script); local mode runs launch.run.local."""
 
     kind: ClusterKind = ClusterKind.local
     nodes: int = 1  # total nodes of the heterogeneous job (rollout + trainer)
     gpus_per_node: int = 8  # GPUs requested on every node (--gres=gpu:N)
     # memory of one GPU (H800 / H100: 80): the planner refuses a trainer that does not fit it and
-    # sizes the rollout servers' KV cache from it (launch/planning/memory_plan.py, docs/memory.md)
+    # sizes the rollout servers' KV cache from it (launch/planning/fit/memory_plan.py, docs/memory.md)
     gpu_memory_gib: float = 80.0
     # share of nodes that run rollout servers (rounded down), or "auto": launch.plan_allocation
     # simulates the job under `allocation_profile` and picks the split with the highest throughput.
@@ -48,7 +48,7 @@ class ClusterConfig:
     # reward-model servers (reward.source=model|combined) on nodes of their own: the third component
     # of the heterogeneous job (whole nodes). cluster.reward_nodes > 0 wins; else
     # floor(nodes * reward_fraction), at least one node when the fraction is > 0. The rollout
-    # fraction then splits the nodes left (launch/planning/plan.py)
+    # fraction then splits the nodes left (launch/planning/layout/plan.py)
     reward_fraction: float = 0.0
     reward_nodes: int = 0
     allocation_profile: str = "paper_1p5b"  # conf/sim/<name>.yaml (or a path) used by rollout_fraction=auto
@@ -152,7 +152,7 @@ class ClusterConfig:
         """The numeric rollout fraction; `auto` must have been resolved (launch.plan_allocation does it)."""
         if self.rollout_fraction_auto:
             raise ValueError(
-                "cluster.rollout_fraction=auto is resolved by launch.planning.allocation.resolve_auto_fraction, not read directly"
+                "cluster.rollout_fraction=auto is resolved by launch.planning.layout.allocation.resolve_auto_fraction, not read directly"
             )
         return float(self.rollout_fraction)
 

@@ -36,7 +36,7 @@ class ControlConfig:
     # stats every 2 s): it gives up after this long without any message, or at the wait's deadline
     peer_silence_s: float = 300.0
     backoff_s: float = 0.5  # pause before the first repeat (uniform in [0, this]); doubles per repeat
-    max_backoff_s: float = 30.0
+    max_backoff_s: float = 30.0  # the longest pause between repeats
 
     def __post_init__(self) -> None:
         for name in (

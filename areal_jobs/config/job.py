@@ -17,22 +17,22 @@ from areal_jobs.config.control import ControlConfig
 from areal_jobs.config.data import DataConfig, ModelConfig
 from areal_jobs.config.keys import unknown_key_message, unknown_keys
 from areal_jobs.config.reward import RewardConfig
-from areal_jobs.config.rollout import RolloutConfig
+from areal_jobs.config.rollout import RolloutConfig, RolloutEngine
 from areal_jobs.config.support import check_backend_support, check_lora_support
-from areal_jobs.config.trainer import CheckpointConfig, TrainerConfig, WeightSyncConfig
+from areal_jobs.config.trainer import CheckpointConfig, RoutingReplay, TrainerConfig, WeightSyncConfig
 
 
 @dataclass
 class RunConfig:
     """Naming, output and observability of one run."""
 
-    name: str = "tiny-arith"
+    name: str = "tiny-arith"  # run directory name under run.root; the same name resumes that run
     root: str = "runs"  # run directory = <root>/<name>
     eval_every_steps: int = 50  # each evaluation is run.eval_samples + 1 answers per held-out prompt
     eval_samples: int = 4  # sampled answers per held-out prompt: pass@1 is their mean, pass@k from them
     eval_pass_k: int = 4  # the k of the eval/pass@k metric (<= run.eval_samples)
     log_level: str = "INFO"  # AREAL_JOBS_LOG_LEVEL overrides
-    tensorboard: bool = True
+    tensorboard: bool = True  # event files in RUN_DIR/tensorboard (`tensorboard --logdir runs`)
     samples_every_steps: int = 10  # RUN_DIR/samples.jsonl: a training batch's samples this often (0 = off)
     samples_print: int = 2  # the first few samples of each dump (training and every evaluation) logged
     # job token for the control channel and the servers' API key: AREAL_JOB_TOKEN in the launcher's
@@ -44,7 +44,7 @@ class RunConfig:
     # job token file stays 0600 either way
     share_with_group: bool = False
     # the trainer logs a warning when this share of a step's tokens (mean of 5 steps) was already
-    # outside the clip range before the step (trainer/staleness_watch.py); 0 = never
+    # outside the clip range before the step (trainer/objective/staleness_watch.py); 0 = never
     preclip_warn_fraction: float = 0.10
 
     def __post_init__(self) -> None:
@@ -98,8 +98,8 @@ class WandbMode(enum.Enum):
 class LoggingConfig:
     """Trackers beside metrics.jsonl and TensorBoard (run.tensorboard); the same flat keys."""
 
-    wandb: bool = False
-    wandb_project: str = "areal_jobs"
+    wandb: bool = False  # also log every metric to Weights & Biases
+    wandb_project: str = "areal_jobs"  # the W&B project the run is logged to
     wandb_run_name: str = ""  # "" = run.name
     wandb_group: str = ""  # "" = none; e.g. one group per sweep
     wandb_mode: WandbMode = WandbMode.auto
@@ -128,6 +128,15 @@ class JobConfig:
         check_lora_support(self.model.lora, self.trainer.backend)
         if self.algo.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError("algo.overlong_buffer must be < rollout.max_new_tokens")
+        if (
+            self.trainer.routing_replay is RoutingReplay.rollout
+            and self.rollout.engine is not RolloutEngine.vllm
+        ):
+            raise ValueError(
+                f"trainer.routing_replay=rollout needs the engine's expert routes: rollout/engine="
+                f"{self.rollout.engine.value} does not report them here (SGLang serves no MoE on CPU); "
+                "set rollout/engine=vllm or trainer.routing_replay=off"
+            )
         c = self.cluster
         if c.autoscale and c.kind is ClusterKind.local and c.autoscale_max_nodes < self.rollout.num_servers:
             raise ValueError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -41,19 +42,39 @@ def schema_keys(cls: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _known(key: str, keys: Mapping[str, Any]) -> bool:
-    """`key` is a field, or lies under a dict field (any key) or a list field (an index)."""
+def unwrap_optional(tp: Any) -> Any:
+    """`X | None` -> X (an optional dict or list field takes keys below it like a required one)."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1 else tp
+
+
+def key_type(key: str, keys: Mapping[str, Any]) -> Any:
+    """The type of `key` in `keys` (schema_keys), True for a key under a dict field (any key) or a
+    list field (an index), None when the schema has no such key. The one rule both the override
+    check here and the docs checker (tests/docs_check/) apply."""
     if key in keys:
-        return True
+        return keys[key]
     parts = key.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         parent = ".".join(parts[:cut])
         if parent in keys:
-            tp = keys[parent]
+            tp = unwrap_optional(keys[parent])
             if _is_dict(tp):
                 return True
-            return typing.get_origin(tp) is list and len(parts) == cut + 1 and parts[cut].isdigit()
-    return False
+            if typing.get_origin(tp) is not list or not parts[cut].isdigit():
+                return None
+            if len(parts) == cut + 1:
+                return True
+            # an element's field, e.g. data.sources.1.weight for a list of dataclasses
+            (element,) = typing.get_args(tp) or (None,)
+            if not dataclasses.is_dataclass(element):
+                return None
+            return key_type(".".join(parts[cut + 1 :]), schema_keys(element))
+    return None
+
+
+def _known(key: str, keys: Mapping[str, Any]) -> bool:
+    return key_type(key, keys) is not None
 
 
 def closest_key(key: str, keys: Iterable[str]) -> str | None:

@@ -33,7 +33,7 @@ class LoraFinal(enum.Enum):
 class LoraConfig:
     """model.lora: 0 = full fine-tuning (default); > 0 = train adapters of this rank only."""
 
-    rank: int = 0
+    rank: int = 0  # adapter rank; 0 = full fine-tuning
     alpha: float = 16.0  # the adapter's output is scaled by alpha / rank (PEFT's lora_alpha)
     dropout: float = 0.0  # on the adapter's input in training (the proximal pass sees it too)
     # module-name suffixes of the nn.Linear layers that get adapters (PEFT's target_modules)
@@ -73,7 +73,7 @@ class LoraConfig:
     def adapter_params(self, num_layers: int, projections: dict[str, tuple[int, int]]) -> int:
         """Trainable parameters: rank x (in + out) for every targeted projection of every decoder
         layer (`projections`: name -> (in, out) of one layer, e.g. from `decoder_projections`).
-        Pure, for the memory model (launch/planning/memory.py `trainable_params`)."""
+        Pure, for the memory model (launch/planning/fit/memory.py `trainable_params`)."""
         per_layer = sum(i + o for name, (i, o) in projections.items() if name in self.target_modules)
         return self.rank * per_layer * num_layers if self.enabled else 0
 

@@ -29,6 +29,15 @@ class RewardSource(enum.Enum):
     combined = "combined"
 
 
+class FunctionIsolation(enum.Enum):
+    """Where a user's reward function (reward.function) runs (reward/user_fn.py)."""
+
+    process = "process"  # imported and called in the reward worker processes: code you trust
+    # each call in the code sandbox (reward.network_isolation's mode, the code_* limits), the file
+    # never imported by us: code a cluster admin does not trust; the standard library only
+    sandbox = "sandbox"
+
+
 @dataclass
 class RewardConfig:
     """Reward workers: verifiers and the code sandbox; the reward model (reward.model.*)."""
@@ -40,7 +49,7 @@ class RewardConfig:
     code_max_procs: int = 64  # RLIMIT_NPROC per program
     code_max_file_mb: int = 16  # RLIMIT_FSIZE per program
     code_max_open_files: int = 64  # RLIMIT_NOFILE per program
-    code_wall_timeout_s: float = 10.0
+    code_wall_timeout_s: float = 10.0  # wall-clock limit per sandboxed program
     code_max_output_bytes: int = 1 << 20  # untrusted stdout/stderr is read up to this size
     network_isolation: NetworkIsolation = NetworkIsolation.auto
     # When root, each worker claims one uid of [code_sandbox_uid, + code_sandbox_uid_count) with a
@@ -58,14 +67,24 @@ class RewardConfig:
     verifier_weight: float = 1.0  # reward.source=combined
     model_weight: float = 1.0  # reward.source=combined
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    # your own reward: path/to/rewards.py:compute_score (or package.module:fn), with the signature
+    # (response, reference) or verl's (data_source, solution_str, ground_truth, extra_info);
+    # "" = the dataset's built-in verifier (docs/your-task.md)
+    function: str = ""
+    function_isolation: FunctionIsolation = FunctionIsolation.process  # sandbox: untrusted code
 
     def __post_init__(self) -> None:
+        if self.function.strip() != self.function or (self.function and self.function.endswith(":")):
+            raise ValueError(
+                f"reward.function={self.function!r}: expected path/to/rewards.py:compute_score "
+                "or package.module:function"
+            )
         if self.num_workers < 1:
             raise ValueError("reward.num_workers must be >= 1")
         if self.source is not RewardSource.verifier and not self.model.path:
             raise ValueError(
                 f"reward.source={self.source.value} needs a reward model: set reward.model.path "
-                "(e.g. reward.model.path=areal_jobs/data/builtin_reward_model)"
+                "(e.g. reward.model.path=areal_jobs/tasks/models/builtin_reward_model)"
             )
         if self.source is RewardSource.combined and (
             self.verifier_weight < 0 or self.model_weight < 0 or self.verifier_weight + self.model_weight == 0

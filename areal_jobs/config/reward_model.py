@@ -61,13 +61,13 @@ class RewardModelConfig:
     server_threads: int = 1  # torch threads per server process (CPU mode)
     base_port: int = 0  # server i listens on base_port + i; 0 = any free port
     gpu_memory_fraction: float = 0.0  # cluster mode: a GPU shared with another role
-    extra_server_args: list[str] = field(default_factory=list)
-    # the planner (launch/planning/reward_plan.py): the model's shape where reward.model.path is not
+    extra_server_args: list[str] = field(default_factory=list)  # appended to the engine's command line
+    # the planner (launch/planning/fit/reward_plan.py): the model's shape where reward.model.path is not
     # on the submitting machine (a named shape, as model.shape), and one server's measured scoring
     # throughput in answers/s (`python -m bench --only reward_model` on the reward nodes' hardware);
     # 0 = the planner cannot check that the reward servers keep up with the rollout, and says so
     shape: str = ""
-    answers_per_s: float = 0.0
+    answers_per_s: float = 0.0  # one server's measured throughput for the planner (above); 0 = unknown
     # requests: answers go out in batches of at most batch_size per HTTP call (a discriminative
     # call scores the whole batch in one forward pass); each call has request_timeout_s, safe
     # calls are repeated with backoff until deadline_s (the answer's deadline, counted from its
@@ -75,8 +75,8 @@ class RewardModelConfig:
     batch_size: int = 16
     request_timeout_s: float = 60.0
     deadline_s: float = 180.0
-    backoff_s: float = 0.5
-    max_backoff_s: float = 10.0
+    backoff_s: float = 0.5  # pause before the first repeat of a call; doubles per repeat
+    max_backoff_s: float = 10.0  # the longest pause between repeats
     # discriminative
     input: RewardModelInput = RewardModelInput.raw
     transform: ScoreTransform = ScoreTransform.sigmoid
@@ -88,12 +88,12 @@ class RewardModelConfig:
         "Is the answer correct? Rate it from 0 to 10 and reply with 'Score: N'."
     )
     judge_chat: bool = False  # wrap the rendered template as the user turn of the judge's chat template
-    judge_max_new_tokens: int = 256
+    judge_max_new_tokens: int = 256  # generative judge: its verdict's length cap
     parser: VerdictParser = VerdictParser.score_regex
-    verdict_regex: str = r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)"
+    verdict_regex: str = r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)"  # score_regex: one group, the number
     score_max: float = 10.0  # score_regex: the score is the number divided by this
-    yes_words: list[str] = field(default_factory=lambda: ["yes", "correct"])
-    no_words: list[str] = field(default_factory=lambda: ["no", "incorrect", "wrong"])
+    yes_words: list[str] = field(default_factory=lambda: ["yes", "correct"])  # yes_no: a verdict of 1.0
+    no_words: list[str] = field(default_factory=lambda: ["no", "incorrect", "wrong"])  # yes_no: 0.0
     # the score at or above which the model calls an answer right: agreement with the verifier
     # and the exploit rate (reward/model_*) are counted against it
     correct_threshold: float = 0.5

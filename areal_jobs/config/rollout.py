@@ -60,14 +60,14 @@ class WorkflowConfig:
     # cap on all episode tokens (model + environment: the trainer's sequence is prompt + these);
     # 0 = none beyond max_turns * rollout.max_new_tokens model tokens (each turn's own cap)
     max_episode_tokens: int = 0
-    max_tool_calls: int = 4
-    tool_timeout_s: float = 5.0
+    max_tool_calls: int = 4  # tool workflows: calls per episode
+    tool_timeout_s: float = 5.0  # tool workflows: one tool call's time limit
     tool_output_chars: int = 512  # a tool's result is cut to this many characters
     agent: str = ""  # openai_agent: "module:function" of the user's agent
     # openai_agent: where its OpenAI-compatible endpoint listens, inside the controller process,
     # where the agents run too: 127.0.0.1 is right on SLURM as well; port 0 = a free one
     endpoint_host: str = "127.0.0.1"
-    endpoint_port: int = 0
+    endpoint_port: int = 0  # openai_agent: the endpoint's port (0 = a free one)
 
     def __post_init__(self) -> None:
         if self.name not in WORKFLOW_NAMES and ":" not in self.name:
@@ -98,7 +98,7 @@ class RolloutConfig:
     engine_python: str = ""
     num_servers: int = 1  # local mode: servers started by launch.local
     tp_size: int = 1  # GPUs per server (cluster mode)
-    max_new_tokens: int = 256
+    max_new_tokens: int = 256  # answer length cap per sample (a longer answer is truncated)
     # the behaviour policy is softmax(logits / temperature): servers return log-probs of it and the
     # trainer's loss computes the same (docs/objective.md)
     temperature: float = 1.0
@@ -113,7 +113,7 @@ class RolloutConfig:
     server_start_timeout_s: float = (
         300.0  # a starting server with no progress (CPU, log) this long is given up on
     )
-    health_interval_s: float = 5.0
+    health_interval_s: float = 5.0  # how often the controller probes each server
     max_server_restarts: int = 3  # local mode: a server that dies is restarted this often per run
     max_total_tokens: int = 32768  # server KV-cache capacity in tokens (CPU mode)
     kv_cache_gib: float = 1.0  # vllm on CPU: KV-cache size (VLLM_CPU_KVCACHE_SPACE); GPUs size it themselves
@@ -124,7 +124,7 @@ class RolloutConfig:
     sglang_cpu_fork: bool = True
     base_port: int = 0  # server i listens on base_port + i; 0 = any free port (local mode)
     controller_port: int = 0  # controller binds this (trajectories) and +1 (control); 0 = free
-    extra_server_args: list[str] = field(default_factory=list)
+    extra_server_args: list[str] = field(default_factory=list)  # appended to the engine's command line
     # stop strings beside the model's end-of-sequence / end-of-turn tokens (which come from the
     # tokenizer and generation_config.json), e.g. ["</answer>"]; a sample records stop or length
     stop: list[str] = field(default_factory=list)
@@ -132,7 +132,7 @@ class RolloutConfig:
     # share of each of its GPUs' memory a server may hold (SGLang --mem-fraction-static: weights +
     # KV cache; vLLM --gpu-memory-utilization); 0 = the engine's default, for a server that has its
     # GPUs to itself. The planner sets it where servers share GPUs with each other or the trainer
-    # (colocated, launch.local on a GPU machine: launch/planning/gpu_shares.py); GPU machines only
+    # (colocated, launch.local on a GPU machine: launch/planning/fit/gpu_shares.py); GPU machines only
     gpu_memory_fraction: float = 0.0
     # the synchronous colocated schedule: the servers free their GPU memory (SGLang
     # release_memory_occupation, vLLM sleep) once a batch is generated, while the trainer steps,

@@ -32,10 +32,10 @@ class Attention(enum.Enum):
 
 
 class LogprobKernel(enum.Enum):
-    """The softmax side of the chunked LM head (trainer/logprobs.py)."""
+    """The softmax side of the chunked LM head (trainer/forward/logprobs.py)."""
 
     auto = "auto"  # triton on CUDA when Triton is importable, torch otherwise (CPU)
-    triton = "triton"  # two fused Triton kernels per chunk (trainer/logprob_kernels.py)
+    triton = "triton"  # two fused Triton kernels per chunk (trainer/forward/logprob_kernels.py)
     torch = "torch"  # torch ops over float32 [chunk, V] logits
 
 
@@ -46,6 +46,15 @@ class Recompute(enum.Enum):
     # Megatron only: recompute the core attention (Megatron's selective granularity)
     selective = "selective"
     full = "full"  # keep only each decoder layer's input, recompute the layer in backward
+
+
+class RoutingReplay(enum.Enum):
+    """Which experts the trainer's forward routes each token of a mixture of experts to."""
+
+    off = "off"  # the trainer's own router top-k (the engine may have picked other experts)
+    # the experts the rollout engine picked for each position, reported with the sample; the
+    # router's probabilities are still the trainer's, gathered at those experts (docs/moe.md)
+    rollout = "rollout"
 
 
 class WeightSync(enum.Enum):
@@ -74,22 +83,38 @@ class TrainerConfig:
     """Policy optimisation: the backend, optimiser, packing and parallel layout."""
 
     backend: TrainerBackend = TrainerBackend.torch
-    total_steps: int = 100
+    total_steps: int = 100  # training steps (one batch of algo.batch_size groups each)
     lr: float = 1.5e-4  # built-in task: 3e-4 unlearned its misconception but could break the "+" token
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    grad_clip: float = 1.0
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW's first-moment decay
+    adam_beta2: float = 0.999  # AdamW's second-moment decay
+    grad_clip: float = 1.0  # global gradient-norm clip per step
     max_tokens_per_microbatch: int = 1024  # packing budget; every micro-batch gets about the same
-    # log-probs and entropy through the LM head this many tokens at a time (trainer/logprobs.py): no
+    # log-probs and entropy through the LM head this many tokens at a time (trainer/forward/logprobs.py): no
     # [tokens, vocab] float32 logits; 0 = all scored tokens at once through plain autograd (the old path)
     logprob_chunk_tokens: int = 1024
     logprob_kernel: LogprobKernel = LogprobKernel.auto
     threads: int = 1  # torch threads per trainer process (CPU mode)
-    seed: int = 1
+    seed: int = 1  # the trainer's random seed
     tp_size: int = 1  # megatron only
     pp_size: int = 1  # megatron only
     dp_size: int = 1  # megatron and fsdp; trainer processes = tp * pp * dp
+    # megatron only, mixture-of-experts models: expert parallelism (expert_model_parallel_size)
+    # splits each layer's experts over ep_size ranks, each expert's weights split over
+    # expert_tp_size (expert_tensor_parallel_size); the expert grid ETP x EP x EDP folds onto the
+    # same TP x DP ranks (Megatron's parallel folding), so ETP x EP must divide TP x DP. ETP 1 as
+    # slime's and verl's Qwen3-MoE recipes use: experts are narrow (768 for Qwen3-30B-A3B), their
+    # GEMMs gain nothing from a TP split. docs/memory.md "Mixtures of experts"
+    ep_size: int = 1
+    expert_tp_size: int = 1
+    # mixture-of-experts policies: the weight of the router's load-balancing loss in the trainer's
+    # loss (trainer/objective/router_loss.py); null = the model config's router_aux_loss_coef, 0 = off (its
+    # value is logged either way: train/router_aux_loss). torch and fsdp backends; megatron computes its
+    # own definition of the loss (trainer/megatron/router_aux.py; logged only when the weight is > 0)
+    router_aux_loss_coef: float | None = None
+    # mixture-of-experts policies: route each scored token through the experts the engine used
+    # (rollout routing replay, arXiv 2510.11370); every trainer backend, rollout/engine=vllm
+    routing_replay: RoutingReplay = RoutingReplay.off
     megatron_vocab_multiple: int = 128  # megatron only: vocab padded to a multiple of this; tp must divide it
     batch_wait_timeout_s: float = 1800.0  # no trajectories for this long = rollout side is dead
     # fsdp only: compute in bfloat16 with float32 parameters and gradient reduction (model.dtype=float32)
@@ -109,6 +134,11 @@ class TrainerConfig:
             raise ValueError(
                 "trainer.backend=fsdp shards over data-parallel ranks only: set trainer.tp_size=1 and "
                 "trainer.pp_size=1 (or use trainer=megatron)"
+            )
+        self._check_expert_parallel()
+        if self.router_aux_loss_coef is not None and self.router_aux_loss_coef < 0:
+            raise ValueError(
+                "trainer.router_aux_loss_coef must be >= 0 (0 = no load-balancing loss; null = the model's)"
             )
         if self.recompute is Recompute.selective and self.backend is not TrainerBackend.megatron:
             raise ValueError(
@@ -134,6 +164,27 @@ class TrainerConfig:
         if self.megatron_vocab_multiple % self.tp_size:  # megatron: padded vocab splits evenly over TP
             raise ValueError(
                 f"trainer.megatron_vocab_multiple must be a multiple of trainer.tp_size={self.tp_size}"
+            )
+
+    def _check_expert_parallel(self) -> None:
+        """EP and expert TP: Megatron's, positive, and folding onto TP x DP when DP is known (the
+        planner derives DP and checks again; the model's expert count is checked with its shape,
+        launch/planning/fit/memory_plan.py)."""
+        if self.ep_size < 1 or self.expert_tp_size < 1:
+            raise ValueError(
+                "trainer.ep_size and trainer.expert_tp_size must be >= 1 (1 = no expert parallelism)"
+            )
+        if self.ep_size * self.expert_tp_size > 1 and self.backend is not TrainerBackend.megatron:
+            raise ValueError(
+                f"trainer.ep_size={self.ep_size} / trainer.expert_tp_size={self.expert_tp_size} are Megatron's "
+                f"expert parallelism: use trainer=megatron, or set them to 1 on trainer.backend={self.backend.value}"
+            )
+        experts = self.ep_size * self.expert_tp_size
+        if self.dp_size > 1 and (self.tp_size * self.dp_size) % experts:
+            raise ValueError(
+                f"trainer.ep_size={self.ep_size} x trainer.expert_tp_size={self.expert_tp_size} must divide "
+                f"trainer.tp_size={self.tp_size} x trainer.dp_size={self.dp_size} (Megatron folds the expert "
+                "grid onto the same ranks): change trainer.ep_size"
             )
 
 
@@ -167,5 +218,5 @@ class CheckpointConfig:
     """Periodic and on-signal checkpoints; resume from the newest one."""
 
     every_steps: int = 0  # 0 = only at the end and on SIGUSR1/SIGTERM
-    keep_last: int = 2
+    keep_last: int = 2  # checkpoints kept in RUN_DIR/checkpoints (older ones are deleted)
     resume: bool = True  # resume from runs/<name>/checkpoints when present

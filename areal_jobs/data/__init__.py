@@ -1,4 +1,4 @@
-"""Data: the built-in arithmetic task, its tokenizer and tiny model, JSONL datasets
-(GSM8K, MATH-style, code), the deterministic prompt stream with a resumable position, the
-staleness bound both roles apply, and sequence packing into balanced micro-batches.
+"""Data: what a user's file becomes. JSONL datasets (GSM8K, MATH-style, code), chat templates,
+the tokenizer, the deterministic prompt stream with a resumable position, evaluation sets and
+the answer-length statistics the simulator reads. The built-in tasks live in areal_jobs/tasks/.
 """

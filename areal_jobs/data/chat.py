@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from areal_jobs.config import DataConfig, Dataset
+from areal_jobs.data.formats import get_field, has_field
 
 AUTO, NONE = "auto", "none"
 STEP_BY_STEP_BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -31,6 +32,7 @@ class DatasetLayout:
     answer_keys: tuple[str, ...]  # the first present one is the reference
     instruction: str  # appended to the user turn (common practice for the data)
     raw_frame: str  # data.chat_template=none (or a tokenizer without a template): "{user}" framed
+    prompt_fallbacks: tuple[str, ...] = ()  # tried after prompt_key, first present wins
 
 
 LAYOUTS = {
@@ -44,6 +46,15 @@ LAYOUTS = {
     ),
     Dataset.humaneval: DatasetLayout("prompt", (), "", "{user}"),
     Dataset.code_stdio: DatasetLayout("prompt", (), "", "{user}"),
+    # verl: prompt (chat messages), reward_model.ground_truth; AReaL: question/answer (GSM8K),
+    # messages or prompt with answer/solution. Their prompts carry their instruction already.
+    Dataset.file: DatasetLayout(
+        "prompt",
+        ("reward_model.ground_truth", "ground_truth", "answer", "solution"),
+        "",
+        "{user}",
+        ("messages", "question", "problem"),
+    ),
 }
 
 
@@ -128,6 +139,7 @@ class PromptFormat:
     template_source: str | None  # None: raw text (no chat template)
     template_origin: str  # for the start-up line: "tokenizer", a file, or "none"
     specials: dict[str, str]
+    prompt_fallbacks: tuple[str, ...] = ()  # the dataset's other prompt fields (data.dataset=file)
 
     @classmethod
     def load(cls, data: DataConfig, model_dir: str | Path) -> PromptFormat:
@@ -155,19 +167,34 @@ class PromptFormat:
             template_source=source,
             template_origin=origin,
             specials=special_tokens(model_dir),
+            prompt_fallbacks=() if data.prompt_key else layout.prompt_fallbacks,
         )
 
     def __post_init__(self) -> None:
         self._template = _compile(self.template_source) if self.template_source else None
+
+    def prompt_field(self, row: dict) -> str:
+        """The row field holding the prompt: prompt_key, else the first present fallback."""
+        for key in (self.prompt_key, *self.prompt_fallbacks):
+            if has_field(row, key):
+                return key
+        if self.prompt_fallbacks:
+            raise KeyError(
+                f"none of the prompt fields {[self.prompt_key, *self.prompt_fallbacks]} is present"
+            )
+        return get_field(row, self.prompt_key)  # raises KeyError naming the missing part
 
     def user_text(self, row: dict) -> str:
         """The user turn from a row's fields; KeyError names a missing field (row skipped)."""
         if self.prompt_template:
             question = self.prompt_template.format_map(_Fields(row))
         else:
-            question = row[self.prompt_key]
+            key = self.prompt_field(row)
+            question = get_field(row, key)
             if not isinstance(question, str):
-                raise TypeError(f"field {self.prompt_key!r} is {type(question).__name__}, not text")
+                raise TypeError(f"field {key!r} is {type(question).__name__}, not text")
+        if not question.strip():
+            raise ValueError("empty prompt")
         return f"{question}\n{self.instruction}" if self.instruction else question
 
     def render(self, user: str) -> str:
@@ -211,17 +238,36 @@ class PromptFormat:
         return base[base.rindex(sentinel) + len(sentinel) :], full[len(base) :]
 
     def render_row(self, row: dict) -> str:
+        """A row's prompt: chat messages (verl's `prompt`, AReaL's `messages`) through the template
+        as they are; text as a user turn (with the instruction)."""
+        if not self.prompt_template:
+            value = get_field(row, self.prompt_field(row))
+            if isinstance(value, list):
+                return self.render_messages(_messages(value))
         return self.render(self.user_text(row))
+
+    def render_messages(self, messages: list[dict[str, str]]) -> str:
+        """Chat messages as given, with the generation prompt; data.system_prompt is added only
+        when they have no system turn. Raw text: the contents as paragraphs, framed."""
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        if self._template is None:
+            *head, last = [m["content"] for m in messages]
+            return "\n\n".join([*head, self.raw_frame.format(user=last)])
+        return self._template.render(messages=messages, add_generation_prompt=True, **self.specials)
 
     def reference(self, row: dict) -> str:
         """What the reward compares against; KeyError/ValueError mark the row unusable."""
         for key in self.answer_keys:
-            if row.get(key) not in (None, ""):
-                answer = str(row[key])
+            value = get_field(row, key) if has_field(row, key) else None
+            if value not in (None, ""):
+                answer = value if isinstance(value, str) else json.dumps(value)
                 if self.dataset is Dataset.gsm8k and self.answer_keys == ("answer",):
                     if "####" not in answer:  # GSM8K's own layout: a solution ending "#### x"
                         raise ValueError("answer has no '#### <final answer>' line")
                     return answer.split("####")[-1].strip()
+                if self.dataset is Dataset.file and key == "answer" and "####" in answer:
+                    return answer.split("####")[-1].strip()  # AReaL's GSM8K rows
                 return answer
         raise KeyError(f"none of the answer fields {list(self.answer_keys)} is present")
 
@@ -230,6 +276,24 @@ class PromptFormat:
             f"data.chat_template={self.template_origin} data.system_prompt={self.system_prompt!r} "
             f"data.instruction={self.instruction!r}"
         )
+
+
+def _messages(value: list) -> list[dict[str, str]]:
+    """A list of {role, content} with text contents; TypeError/ValueError mark the row unusable."""
+    if not value:
+        raise ValueError("empty prompt (no messages)")
+    out = []
+    for m in value:
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise TypeError("chat messages must be {role, content} objects with text content")
+        out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["content"].strip() for m in out):
+        raise ValueError("empty prompt (messages without content)")
+    return out
 
 
 class _Fields(dict):

@@ -2,7 +2,7 @@
 functions training uses.
 
     builtin      the built-in task's held-out problems (the same ones a run evaluates)
-    countdown    the countdown task's held-out problems (data/countdown_task.py; the same ones
+    countdown    the countdown task's held-out problems (tasks/countdown_task.py; the same ones
                  a run with data.dataset=countdown evaluates)
     gsm8k        {"question", "answer"}, the gold answer after "#### "
     math         one problem field and one answer field, names configurable: MATH-500

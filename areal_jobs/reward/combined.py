@@ -7,7 +7,7 @@
     reward.source=combined   verifier_weight * verifier reward + model_weight * model score
 
 A model failure (RewardStatus.model_error) fails the answer's reward whatever the weights: it is
-left out of training (trainer/batch.py), never a 0. A verifier status other than ok is kept (as
+left out of training (trainer/intake/batch.py), never a 0. A verifier status other than ok is kept (as
 the verifier alone would report it), with the mixed reward.
 
 Per-source metrics, cumulative counts so that a window is the difference of two rows

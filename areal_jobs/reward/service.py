@@ -12,10 +12,17 @@ Contract (api.RewardScorer):
   any other way, and it must not hold a worker hostage.
 - A worker that dies (crash, OOM kill) turns its call into RewardStatus.sandbox_error and is
   replaced. Neither case is ever folded silently into a 0: `metrics()` counts each status.
+- A user's reward function (a task that is a function spec, reward/user_fn.py) fails by kind:
+  fn_error (it raised, did not import, or its worker died), fn_timeout (past reward.timeout_s),
+  fn_invalid (no finite number came back). These samples are left out of training
+  (api.UNSCORED_STATUSES); the first failure's traceback is logged once per function, the rest
+  are counted (reward/fn_errors, reward/fn_timeouts, reward/fn_invalid). What it returns beside
+  its score is logged as reward/fn/<key>: the mean over the calls since the previous metrics().
 - `start()` resolves the sandbox mode (sandbox_mode.resolve_isolation: `auto` refuses to start
   without a strong mode), logs it, and waits for every worker's start-up self-check: each one
-  claims its sandbox uid (as root) and runs a trivial program in the real sandbox, reporting a
-  WorkerReady. A broken sandbox fails `start()` with the reason, not every later reward.
+  claims its sandbox uid (as root) and runs a trivial program in the real sandbox, then imports
+  the verifiers, reporting a WorkerReady. A broken sandbox fails `start()` with the reason, not
+  every later reward.
 
 Why not concurrent.futures.ProcessPoolExecutor: it cannot kill the one worker whose call timed out
 (a cancelled future keeps running), and one dead worker breaks the whole pool, failing the other
@@ -34,14 +41,17 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 from areal_jobs.api import RewardRequest, RewardResult, RewardStatus
-from areal_jobs.config import NetworkIsolation, RewardConfig
+from areal_jobs.config import FunctionIsolation, NetworkIsolation, RewardConfig
 from areal_jobs.reward import registry
+from areal_jobs.reward.fn_report import FnReport
 from areal_jobs.reward.sandbox_mode import resolve_isolation
+from areal_jobs.reward.user_fn import is_function_spec
 
 logger = logging.getLogger(__name__)
 
 _MAX_DETAIL_CHARS = 200
 _MAX_OUTPUT_CHARS = 16_384  # a tool's text for the model (tool_python caps it itself, far lower)
+_MAX_TRACE_CHARS = 8_000  # a user function's traceback, logged once
 _READY_TIMEOUT_S = 120.0  # worker start: imports (math-verify, sympy) and the sandbox self-check
 _SELF_CHECK = "import os\nprint('areal-sandbox-ok', os.getpid())\n"
 
@@ -72,8 +82,9 @@ def _self_check(limits) -> str:  # noqa: ANN001  (SandboxLimits, imported in the
 
 
 def _worker_main(conn: Connection, cfg: RewardConfig, index: int) -> None:
-    """Worker process: report WorkerReady, then score (task, response, reference) tuples until the
-    pipe closes. `cfg.network_isolation` is the mode the service resolved (never auto)."""
+    """Worker process: report WorkerReady, then score (task, response, reference, data_source,
+    extra_info) tuples until the pipe closes, answering (RewardResult, traceback text or "").
+    `cfg.network_isolation` is the mode the service resolved (never auto)."""
     import os
 
     from areal_jobs.reward import code
@@ -90,8 +101,8 @@ def _worker_main(conn: Connection, cfg: RewardConfig, index: int) -> None:
         error = _self_check(limits)
     except (OSError, RuntimeError) as e:
         error = f"{type(e).__name__}: {e}"
-    conn.send(WorkerReady(uid, error[:300]))
     if error:
+        conn.send(WorkerReady(uid, error[:300]))
         return
     code.configure(limits)
     for task in registry.REWARD_TARGETS:  # import now, not during the first (timed) call
@@ -101,25 +112,39 @@ def _worker_main(conn: Connection, cfg: RewardConfig, index: int) -> None:
             logger.warning("reward task %r unavailable in this worker", task)
     import math_verify  # noqa: F401  (imported lazily by math_answer; slow the first time)
 
+    from areal_jobs.reward.user_fn import UserFunctionError
+    from areal_jobs.reward.user_fn_sandbox import score_in_worker
+
+    sandboxed = cfg.function_isolation is FunctionIsolation.sandbox
+    if cfg.function and not sandboxed:  # import it now, not during the first (timed) call
+        try:
+            registry.resolve_user(cfg.function)
+        except UserFunctionError:
+            pass  # each call reports it (fn_error); the launcher's preflight normally caught it
+    # ready once the imports are done: a call is timed from when it is sent, and the first one
+    # would otherwise pay for math-verify, sympy and the user's file (seconds on a loaded machine)
+    conn.send(WorkerReady(uid))
     while True:
         try:
-            task, response, reference = conn.recv()
+            task, response, reference, data_source, extra_info = conn.recv()
         except (EOFError, OSError):
             return  # the service closed us, or the controller died
-        try:
-            result = registry.resolve(task)(response, reference)
-        except Exception as e:  # noqa: BLE001  a broken reward fn or reference must not kill the worker
-            result = RewardResult(
-                0.0, RewardStatus.sandbox_error, f"reward fn raised {type(e).__name__}: {e}"
+        trace = ""
+        if is_function_spec(task):
+            result, trace = score_in_worker(
+                task, response, reference, data_source, extra_info, limits if sandboxed else None
             )
-        conn.send(
-            RewardResult(
-                result.reward,
-                result.status,
-                result.detail[:_MAX_DETAIL_CHARS],
-                result.output[:_MAX_OUTPUT_CHARS],
-            )
+        else:
+            try:
+                result = registry.resolve(task)(response, reference)
+            except Exception as e:  # noqa: BLE001  a broken reward fn or reference must not kill the worker
+                result = RewardResult(
+                    0.0, RewardStatus.sandbox_error, f"reward fn raised {type(e).__name__}: {e}"
+                )
+        result = replace(
+            result, detail=result.detail[:_MAX_DETAIL_CHARS], output=result.output[:_MAX_OUTPUT_CHARS]
         )
+        conn.send((result, trace[-_MAX_TRACE_CHARS:]))
 
 
 class _Worker:
@@ -165,6 +190,7 @@ class RewardService:
         self._calls = 0
         self._latency_sum_s = 0.0
         self._worker_restarts = 0
+        self._fn = FnReport()  # users' functions: first failure logged, reward/fn/<key> means
         self.isolation: NetworkIsolation | None = None  # the sandbox mode in force, after start()
 
     def start(self) -> None:
@@ -245,21 +271,30 @@ class RewardService:
                         RewardResult(0.0, RewardStatus.sandbox_error, f"self-check: {message.error}")
                     )
                 return
-            reply.set_result(message)
+            result, trace = message
+            if is_function_spec(request.task):
+                self._fn.on_result(request.task, result, trace)
+            reply.set_result(result)
 
         fd = worker.conn.fileno()
         loop.add_reader(fd, on_readable)
         try:
             # A pickled request of a few KiB fits the pipe buffer, and an idle worker is blocked
             # in recv(), so this send returns at once.
-            worker.conn.send((request.task, request.response, request.reference))
+            worker.conn.send(
+                (request.task, request.response, request.reference, request.data_source, request.extra_info)
+            )
             return await asyncio.wait_for(reply, timeout=self._cfg.timeout_s)
         except TimeoutError:
             worker.kill()  # it may be stuck in uninterruptible C code: the only way to free it
+            if is_function_spec(request.task):
+                return self._fn.timed_out(request.task, self._cfg.timeout_s)
             return RewardResult(0.0, RewardStatus.timeout, f"reward call exceeded {self._cfg.timeout_s:g}s")
         except (EOFError, OSError):
             worker.kill()
             code = worker.process.exitcode
+            if is_function_spec(request.task):  # the user's code took its worker down
+                return self._fn.worker_died(request.task, code)
             return RewardResult(0.0, RewardStatus.sandbox_error, f"reward worker died (exit code {code})")
         except asyncio.CancelledError:
             worker.kill()  # its reply would otherwise be read as the answer to the next request
@@ -288,9 +323,13 @@ class RewardService:
             "reward/sandbox_errors": float(self._counts[RewardStatus.sandbox_error]),
             "reward/parse_errors": float(self._counts[RewardStatus.parse_error]),
             "reward/grader_errors": float(self._counts[RewardStatus.grader_error]),
+            "reward/fn_errors": float(self._counts[RewardStatus.fn_error]),
+            "reward/fn_timeouts": float(self._counts[RewardStatus.fn_timeout]),
+            "reward/fn_invalid": float(self._counts[RewardStatus.fn_invalid]),
             "reward/mean_latency_s": self._latency_sum_s / self._calls if self._calls else 0.0,
             "reward/worker_restarts": float(self._worker_restarts),
             "reward/busy_workers": float(len(self._workers) - idle),
             # 1.0 under the mode in force, so the run's metrics (and summary.json) name it
             **({f"reward/isolation_{self.isolation.value}": 1.0} if self.isolation else {}),
+            **self._fn.metrics(),  # reward/fn/<key>: means since the previous call
         }

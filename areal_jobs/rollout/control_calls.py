@@ -89,6 +89,9 @@ CONTROL_CALLS: tuple[ControlCall, ...] = (
     ControlCall("/collective_rpc#areal_receive_encoded", Repeat.once, f"vLLM: one encoded bucket (weight_sync.sync=delta): {_UPDATE_AGAIN}"),
     ControlCall("/collective_rpc#areal_end_update", Repeat.wait, "vLLM: as /end_weight_update (it also sets the version label)"),
     ControlCall("/collective_rpc#areal_load_from_disk", Repeat.wait, "vLLM: as /update_weights_from_disk", load=True),
+    # trainer.routing_replay=rollout: the workers record each request's experts (rollout/vllm_routes.py)
+    ControlCall("/collective_rpc#areal_enable_routes", Repeat.safe, "vLLM routing replay: starts recording; a second copy finds it recording and does nothing"),
+    ControlCall("/collective_rpc#areal_take_routes", Repeat.safe, "vLLM routing replay: reads and forgets one finished request's experts; a late copy finds none, and a lost answer leaves that sample without routes (the trainer routes it itself)"),
 )  # fmt: skip
 
 BY_ENDPOINT: dict[str, ControlCall] = {c.endpoint: c for c in CONTROL_CALLS}

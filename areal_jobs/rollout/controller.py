@@ -28,11 +28,12 @@ from areal_jobs.agent.episode import EpisodeState as SampleState
 from areal_jobs.api import UNSCORED_STATUSES, RewardRequest, RewardResult, RewardScorer
 from areal_jobs.config import AlgoConfig, RolloutConfig
 from areal_jobs.data.prompts import Prompt, PromptStream
-from areal_jobs.data.staleness import StalenessManager, may_push
 from areal_jobs.rollout.evaluation import EvalEpisode, workflow_episodes
 from areal_jobs.rollout.generation import GenerationCounters, GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.snapshot import ControllerSnapshot, PartialGroup, to_trajectory
+from areal_jobs.staleness import StalenessManager, may_push
+from areal_jobs.staleness_bound import StalenessBoundLaw, bound_params
 from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,11 @@ class RolloutController:
         self.staleness = StalenessManager(
             algo.batch_size, algo.max_staleness, max(1, rollout.max_concurrent // algo.group_size)
         )
+        # algo.max_staleness=auto: the law moves the admission bound (from the ceiling down) on
+        # the trainer's DriftReports; the freshness checks (trainer, hold) keep the ceiling, so a
+        # group admitted under a higher bound is still trained (areal_jobs/staleness_bound.py)
+        self.bound_law = StalenessBoundLaw(bound_params(algo)) if algo.staleness_auto else None
+        self._drift_version = -1  # the last version whose DriftReport the law took
         self.version = 0
         self.counters = RolloutCounters()
         self.running = asyncio.Event()  # set: samples may send requests; cleared during updates
@@ -173,6 +179,28 @@ class RolloutController:
             self.trainer_version = max(self.trainer_version, version)
         self._wakeup.set()  # held groups may go now
 
+    @property
+    def staleness_bound(self) -> int:
+        """The admission bound eta in force (algo.max_staleness, or the law's under auto)."""
+        return self.staleness.max_staleness
+
+    def on_drift(self, version: int, drift: float, staleness_mean: float) -> None:
+        """The trainer's drift for the step that produces `version` (a DriftReport): one law
+        update per version (a report sent again after a restart changes nothing)."""
+        if self.bound_law is None or version <= self._drift_version:
+            return
+        self._drift_version = version
+        before = self.staleness_bound
+        bound = self.bound_law.update(drift, staleness_mean)
+        if bound != before:
+            logger.info(
+                "staleness bound %d -> %d at version %d (drift %.3g over the last %d steps, target %.3g)",
+                before, bound, version, self.bound_law.smoothed, len(self.bound_law.drifts),
+                self.bound_law.p.target,
+            )  # fmt: skip
+            self.staleness.set_bound(bound)
+            self._wakeup.set()  # a higher bound admits at once
+
     def on_expired(self, group_ids: tuple[str, ...]) -> None:
         """Groups too stale to train are generated again from the same prompt (nothing lost)."""
         for gid in group_ids:
@@ -202,7 +230,12 @@ class RolloutController:
             results = await self.scorer.score_group(
                 [
                     RewardRequest(
-                        prompt.reward_task, self.decode(s.output_ids), prompt.reference, prompt_text
+                        prompt.reward_task,
+                        self.decode(s.output_ids),
+                        prompt.reference,
+                        prompt_text,
+                        prompt.data_source,
+                        prompt.extra_info,
                     )
                     for s in pending
                 ]
@@ -213,7 +246,7 @@ class RolloutController:
             workflow = self._resolve_workflow()
             await asyncio.gather(*(self._run_episode(prompt, s, workflow) for s in states if not s.done))
             t_gen = time.monotonic()
-        samples = tuple(to_trajectory(s) for s in states)
+        samples = tuple(to_trajectory(s, len(prompt.input_ids)) for s in states)
         group = m.TrajectoryGroup(
             group_id=group_id,
             data_index=prompt.data_index,
@@ -222,6 +255,7 @@ class RolloutController:
             gen_time_s=t_gen - t0,
             reward_time_s=time.monotonic() - t_gen,  # single_turn; other workflows score inside gen_time_s
             attempt=attempt,
+            source=prompt.source,
         )
         scored = {s.reward for s in samples if s.reward_status not in UNSCORED_STATUSES}
         if self.algo.filter_uniform_groups and len(scored) <= 1:
@@ -333,6 +367,8 @@ class RolloutController:
             counters=dict(asdict(self.counters)),
             partial=copy,
             retained=list(self.unacked.values()),
+            bound_law=self.bound_law.state_dict() if self.bound_law else {},
+            drift_version=self._drift_version,
         )
 
     def restore(self, snap: ControllerSnapshot) -> list[m.TrajectoryGroup]:
@@ -346,6 +382,10 @@ class RolloutController:
         state = dict(snap.staleness)
         state["running"] = len(snap.partial)
         self.staleness.load_state_dict(state)
+        if self.bound_law is not None and snap.bound_law:  # else: the law starts again at the ceiling
+            self.bound_law.load_state_dict(snap.bound_law)
+            self.staleness.set_bound(self.bound_law.bound)
+            self._drift_version = snap.drift_version
         self.requeued = deque(tuple(x) for x in snap.requeued)
         for name, value in snap.counters.items():  # in place: the generation path counts into it
             setattr(self.counters, name, value)
@@ -375,6 +415,7 @@ class RolloutController:
             "rollout/version": float(self.version),
             "rollout/groups_running": float(st.running),
             "rollout/groups_accepted": float(st.accepted),
+            "rollout/staleness_bound": float(self.staleness_bound),  # staleness/bound: the exact one per step
             "rollout/groups_pushed": float(c.groups_pushed),
             "rollout/requests_in_flight": float(self.generation.in_flight),
             "rollout/generated_tokens": float(c.generated_tokens),

@@ -26,13 +26,20 @@ def make_client(
     retry: RetryPolicy | None = None,
     load_deadline_s: float = 0.0,
     tp_size: int = 1,
+    routes: bool = False,
 ) -> RolloutEngineClient:
     """`retry`: how safe control calls are repeated (None: each is tried once); weight loads from
     files repeat until `load_deadline_s` instead of the policy's deadline when that is longer.
-    `tp_size`: the server's TP ranks (an SGLang encoded bucket carries one request per rank)."""
+    `tp_size`: the server's TP ranks (an SGLang encoded bucket carries one request per rank).
+    `routes`: responses carry their expert routes (trainer.routing_replay=rollout; vLLM only)."""
+    if routes and engine is not RolloutEngine.vllm:
+        raise ValueError(
+            f"rollout/engine={engine.value} reports no expert routes: set trainer.routing_replay=off"
+        )
+    extra = {"routes": True} if routes else {}
     return CLIENTS[engine](
         name, url, api_key, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s,
-        retry=retry, load_deadline_s=load_deadline_s, tp_size=tp_size,
+        retry=retry, load_deadline_s=load_deadline_s, tp_size=tp_size, **extra,
     )  # fmt: skip
 
 

@@ -20,8 +20,8 @@ from areal_jobs.agent.context import EpisodeContext, EpisodeServices, run_episod
 from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.api import FinishReason, RewardRequest, RewardScorer
 from areal_jobs.config import WorkflowConfig
-from areal_jobs.data.eval_metrics import ProblemScores, sampled_metrics
 from areal_jobs.data.prompts import Prompt
+from areal_jobs.rollout.eval_metrics import ProblemScores, sampled_metrics
 from areal_jobs.rollout.generation import GenerationPath, Sampling
 from areal_jobs.samples import SampleRecord
 
@@ -65,6 +65,8 @@ class EvalSummary:
     truncation_rate: float = 0.0  # share of samples stopped by max_new_tokens
     by_bucket: dict[str, float] = field(default_factory=dict)  # accuracy per Prompt.bucket
     bucket_sizes: dict[str, int] = field(default_factory=dict)  # prompts per Prompt.bucket
+    by_source: dict[str, float] = field(default_factory=dict)  # accuracy per Prompt.source (mixtures)
+    source_sizes: dict[str, int] = field(default_factory=dict)  # prompts per Prompt.source
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,14 @@ async def evaluate_problems(
     version_before = path.version()
     await asyncio.gather(*(one(p, s) for p, row in zip(prompts, states) for s in row))
     requests = [
-        RewardRequest(p.reward_task, decode(s.output_ids), p.reference, (decode_raw or decode)(p.input_ids))
+        RewardRequest(
+            p.reward_task,
+            decode(s.output_ids),
+            p.reference,
+            (decode_raw or decode)(p.input_ids),
+            p.data_source,
+            p.extra_info,
+        )  # fmt: skip
         for p, row in zip(prompts, states)
         for s in row
     ]
@@ -159,6 +168,9 @@ async def evaluate_problems(
     by_bucket, sizes = bucket_accuracy(
         [p.bucket for p in prompts], [sum(r >= 1.0 for r in p.rewards) / n for p in problems]
     )
+    by_source, source_sizes = bucket_accuracy(
+        [p.source for p in prompts], [sum(r >= 1.0 for r in p.rewards) / n for p in problems]
+    )
     summary = EvalSummary(
         accuracy=metrics.pass_at_1,
         mean_reward=metrics.mean_reward,
@@ -171,6 +183,8 @@ async def evaluate_problems(
         truncation_rate=metrics.truncation_rate,
         by_bucket=by_bucket,
         bucket_sizes=sizes,
+        by_source=by_source,
+        source_sizes=source_sizes,
     )
     logger.info(
         "eval %s: pass@1 %.3f, %s over %d prompts x %d samples (versions %d..%d)",

@@ -137,7 +137,7 @@ class GenerationPath:
             version = min(sent_version, response.weight_version)
             if response.weight_version > sent_version:
                 self.counters.straddled_segments += 1
-            state.add_model_tokens(response.output_ids, response.logprobs, version)
+            state.add_model_tokens(response.output_ids, response.logprobs, version, response.routes)
             self.counters.generated_tokens += len(response.output_ids)
             if response.finish_reason is FinishReason.abort:
                 state.interruptions += 1

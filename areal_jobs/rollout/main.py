@@ -20,7 +20,7 @@ from pathlib import Path
 from areal_jobs.agent.context import EpisodeText
 from areal_jobs.agent.tools import Toolbox
 from areal_jobs.checkpoint import latest_checkpoint
-from areal_jobs.config import JobConfig, RewardSource, load_job_config
+from areal_jobs.config import JobConfig, RewardSource, RoutingReplay, load_job_config
 from areal_jobs.data.prompts import describe_first_prompt, load_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.logs import setup_logging
@@ -48,7 +48,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
     signal.signal(signal.SIGUSR1, lambda signum, _: early_preemption.append(signum))
     model_dir = cfg.model.path or cfg.model.builtin_dir
     tokenizer = load_tokenizer(model_dir)
-    prompts = load_prompts(cfg.data, model_dir, tokenizer.encode)
+    prompts = load_prompts(cfg.data, model_dir, tokenizer.encode, cfg.reward.function)
     logger.info("%s", describe_first_prompt(prompts))
     if cfg.data.dataset.value == "humaneval":  # a broken reference fails here, not as silent zeros
         from areal_jobs.reward.code import check_humaneval_references
@@ -66,6 +66,7 @@ async def run(cfg: JobConfig, run_dir: Path, token: str) -> int:
             generate_timeout_s=cfg.rollout.request_timeout_s, call_timeout_s=cfg.rollout.call_timeout_s,
             retry=retry, load_deadline_s=cfg.control.load_deadline_s,
             tp_size=cfg.rollout.tp_size,
+            routes=cfg.trainer.routing_replay is RoutingReplay.rollout,
         )  # fmt: skip
 
     # each server's own process gives up sooner when its start makes no progress (server.py)

@@ -8,7 +8,7 @@ yet pushed, no request in flight, no evaluation running, and the staleness bound
 more at this version), `ServerMemory` stops all sending and asks every server to release its
 memory (SGLang release_memory_occupation, vLLM sleep level 1); `wake` takes it back at the start of
 the next weight update, before the servers are paused and the new weights arrive. The trainer
-gives its cached blocks back after each step (trainer/gpu_memory.py), so the servers' share is
+gives its cached blocks back after each step (trainer/dist/gpu_memory.py), so the servers' share is
 free again when they resume.
 
 CPU: SGLang's CPU engine runs the release and resume calls (it flushes its cache; there is no

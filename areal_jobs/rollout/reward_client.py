@@ -148,9 +148,9 @@ def build_model_scorer(
     the model's score with the verifier's reward (reward/combined.py)."""
     from areal_jobs.data.chat import chat_renderer
     from areal_jobs.data.tokenizer import load_tokenizer
+    from areal_jobs.reward import registry
     from areal_jobs.reward.combined import CombinedScorer
     from areal_jobs.reward.model_scorer import ModelScorer
-    from areal_jobs.reward.registry import REWARD_TARGETS
 
     rm = cfg.reward.model
     folder = discovery.REWARD_SERVERS
@@ -174,4 +174,4 @@ def build_model_scorer(
         rm, pool.current, tokenizer.encode, tokenizer.decode, chat_encode,
         max_input_tokens=int(config.get("max_position_embeddings") or 0),
     )  # fmt: skip
-    return CombinedScorer(cfg.reward, model, verifier, lambda task: task in REWARD_TARGETS), pool
+    return CombinedScorer(cfg.reward, model, verifier, registry.has_checker), pool

@@ -13,7 +13,7 @@ SGLang 0.5.23 builds the head of Qwen2/Qwen3ForSequenceClassification as a Linea
 where Hugging Face's has none: a checkpoint without `score.bias` leaves SGLang's at its random
 initialisation, which shifts every score by a constant (measured: -0.036 on a test head).
 `check_checkpoint` refuses such a checkpoint before any process starts; the built-in reward
-model carries a zero bias (data/reward_model.py), and `python -m areal_jobs.rollout.reward_server
+model carries a zero bias (tasks/warm_start/reward_model.py), and `python -m areal_jobs.rollout.reward_server
 --add-zero-bias DIR` writes one into a copy.
 """
 

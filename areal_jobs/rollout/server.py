@@ -38,6 +38,7 @@ from areal_jobs.config import (
 )
 from areal_jobs.logs import setup_logging
 from areal_jobs.rollout.lora_adapters import lora_server_args, lora_server_env
+from areal_jobs.rollout.moe_serving import check_moe_serving
 from areal_jobs.rollout.sglang_delta import LOADER as SGLANG_DELTA_LOADER
 from areal_jobs.rollout.sglang_launch import KEY_ENV as SGLANG_KEY_ENV
 from areal_jobs.rollout.sglang_launch import START_METHOD_ENV as SGLANG_START_METHOD_ENV
@@ -257,6 +258,7 @@ def start_server(
     else:
         cmd = sglang_command(model_path, host, port, rollout, dtype, cpu, seed)
         env = sglang_env(api_key, cpu, rollout.server_threads, fork=cpu and rollout.sglang_cpu_fork)
+    check_moe_serving(rollout.engine, model_path, cpu)  # launch/run/local.py refused it earlier
     cmd += lora_server_args(rollout.engine, model.lora, cpu)  # model.lora.ship=adapter only
     env.update(lora_server_env(rollout.engine, model.lora))
     log_path.parent.mkdir(parents=True, exist_ok=True)

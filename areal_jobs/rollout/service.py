@@ -144,6 +144,8 @@ class ControllerService(WeightUpdateSteps):
                 await self._flush_outbox()
             elif isinstance(msg, m.GroupsExpired):
                 self.ctl.on_expired(msg.group_ids)
+            elif isinstance(msg, m.DriftReport):
+                self.ctl.on_drift(msg.version, msg.drift, msg.staleness_mean)
             elif isinstance(msg, m.PauseRequest):
                 await self._update_weights(msg)
             elif isinstance(msg, m.CheckpointRequest):
@@ -350,4 +352,5 @@ def eval_result(version: int, kind: str, summary: EvalSummary, k: int) -> m.Eval
         version, summary.accuracy, summary.mean_reward, summary.num_prompts, kind,
         summary.by_bucket, summary.bucket_sizes, pass_at_k=pass_at_k, k=k, samples_per_problem=summary.samples_per_problem,
         mean_length_tokens=summary.mean_length_tokens, truncation_rate=summary.truncation_rate,
+        by_source=summary.by_source, source_sizes=summary.source_sizes,
     )  # fmt: skip

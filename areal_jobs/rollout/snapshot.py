@@ -23,11 +23,11 @@ import numpy as np
 
 from areal_jobs.agent.episode import EpisodeState
 from areal_jobs.atomic import write_atomic
-from areal_jobs.transport import codec
+from areal_jobs.transport import codec, routes
 from areal_jobs.transport import messages as m
 
 _DISK_TOKEN = "checkpoint"  # groups on disk are not on the wire; the codec still checks a token
-SNAPSHOT_VERSION = 2  # 2: samples are episodes (EpisodeState)
+SNAPSHOT_VERSION = 2  # 2: samples are episodes (EpisodeState); their `routes` default to [] when absent
 
 PartialSample = EpisodeState  # the name of a sample in progress before episodes (issue 15)
 
@@ -49,14 +49,19 @@ class ControllerSnapshot:
     counters: dict[str, int]
     partial: list[PartialGroup]
     retained: list[m.TrajectoryGroup] = field(default_factory=list)
+    # algo.max_staleness=auto: the bound law's state (areal_jobs/staleness_bound.py); {} otherwise, and
+    # in snapshots written before it (the law then starts again at the ceiling)
+    bound_law: dict = field(default_factory=dict)
+    drift_version: int = -1  # the last version whose DriftReport the law took
 
     @property
     def num_partial_samples(self) -> int:
         return sum(len(g.samples) for g in self.partial)
 
 
-def to_trajectory(s: EpisodeState) -> m.SampleTrajectory:
-    """A finished episode as the trainer receives it."""
+def to_trajectory(s: EpisodeState, num_prompt_tokens: int = 0) -> m.SampleTrajectory:
+    """A finished episode as the trainer receives it (its expert routes, if any, over its
+    `num_prompt_tokens` prompt and its output positions)."""
     return m.SampleTrajectory(
         sample_id=s.sample_id,
         output_ids=np.asarray(s.output_ids, dtype=np.int32),
@@ -70,6 +75,7 @@ def to_trajectory(s: EpisodeState) -> m.SampleTrajectory:
         loss_mask=None if all(s.loss_mask) else np.asarray(s.loss_mask, dtype=np.uint8),
         num_turns=s.num_turns,
         num_tool_calls=s.num_tool_calls,
+        routes=routes.assemble(s.routes, num_prompt_tokens + len(s.output_ids)),
     )
 
 

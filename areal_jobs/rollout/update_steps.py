@@ -107,6 +107,7 @@ class WeightUpdateSteps:
                 receive_s=stage_s.get("groups", 0.0) + stage_s.get("receive", 0.0),
                 resume_s=stage_s.get("resume", 0.0),
                 bucket_calls_s=self.orch.bucket_calls_s if broadcast else 0.0,
+                staleness_bound=ctl.staleness_bound,
             )
         )
         logger.info(

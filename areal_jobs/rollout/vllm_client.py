@@ -4,10 +4,12 @@ Generation uses vLLM's token-in/token-out route `POST /inference/v1/generate` (s
 `--enable-scale-out`) rather than `/v1/completions`: the same engine path, but the request id is
 ours (an abort by id means what it says), no text goes over the wire, and every output token comes
 back with the label of the weights that sampled it (`weight_versions` spans), so a segment's version
-is the server's own record, not a guess from the client. Log-probs are vLLM's `processed_logprobs`
-(server flag `--logprobs-mode`, vllm_server.py): the log-softmax of logits / temperature, the
-distribution that sampled, as SGLang returns them and the trainer recomputes (rollout.top_p < 1 is
-refused by the config, so no top-p truncation separates the three).
+is the server's own record, not a guess from the client. Each request carries the controller's
+prefix-cache salt `v<version>`, as on SGLang: no request reuses KV that older weights computed,
+also under pause_mode=in_place, which flushes nothing (docs/protocols.md). Log-probs are vLLM's
+`processed_logprobs` (server flag `--logprobs-mode`, vllm_server.py): the log-softmax of
+logits / temperature, the distribution that sampled, as SGLang returns them and the trainer
+recomputes (rollout.top_p < 1 is refused by the config, so no top-p truncation separates the three).
 
 Pause modes map onto vLLM's RL routes (server env VLLM_SERVER_DEV_MODE=1):
     abort    -> POST /pause?mode=abort   (in-flight requests return their partial tokens)
@@ -19,16 +21,18 @@ Weight updates run in the server's workers (vllm_worker.BroadcastWeightReceiver)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
 
 import aiohttp
 
-from areal_jobs.api import FinishReason, GenerateRequest, GenerateResponse, Health, TensorSpec
+from areal_jobs.api import ExpertRoutes, FinishReason, GenerateRequest, GenerateResponse, Health, TensorSpec
 from areal_jobs.rollout.engine_http import EngineHTTP, ServerCallError, parse_weight_version
 from areal_jobs.rollout.lora_adapters import AdapterSet
 from areal_jobs.transport.retry import RetryPolicy
+from areal_jobs.transport.routes import from_engine as routes_from_engine
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,42 @@ def parse_generate(payload: dict[str, Any]) -> GenerateResponse:
     return GenerateResponse(output_ids, [float(row["logprob"]) for row in rows], finish, version)
 
 
+def generate_body(request: GenerateRequest) -> dict[str, Any]:
+    """Pure: the JSON body of POST /inference/v1/generate for `request` (tokens out, the sampled
+    token's log-prob only)."""
+    sampling: dict[str, Any] = {
+        "max_tokens": request.max_new_tokens,
+        # vLLM raises a temperature below 0.01 to 0.01; below that we ask for greedy decoding,
+        # the limit such a request means (log-probs then are the untempered model's)
+        "temperature": request.temperature if request.temperature >= 0.01 else 0.0,
+        "top_p": request.top_p,
+        "logprobs": 0,  # the sampled token's log-prob only
+        # keep vLLM's detokenizer on (the default): without one, an aborted request's final
+        # output takes vLLM's pooling branch and the call fails instead of returning its
+        # partial tokens with finish_reason "abort"
+    }
+    if request.seed is not None:
+        sampling["seed"] = request.seed
+    if request.stop_token_ids:
+        sampling["stop_token_ids"] = list(request.stop_token_ids)
+    if request.stop:
+        sampling["stop"] = list(request.stop)
+        sampling["include_stop_str_in_output"] = True  # as SGLang's no_stop_trim: trained on
+    body: dict[str, Any] = {
+        "request_id": request.rid,
+        "token_ids": request.input_ids,
+        "sampling_params": sampling,
+        "output_mode": "tokens",
+    }
+    if request.cache_salt:
+        # the prefix-cache namespace `v<version>` (generation.py): vLLM hashes it into the first
+        # block of the prompt, so a request shares KV only with requests of its own version.
+        # pause_mode=in_place flushes nothing (held requests keep their blocks), and without the
+        # salt a request sent after an update reused the old weights' prefix KV (issue 42)
+        body["cache_salt"] = request.cache_salt
+    return body
+
+
 class VLLMClient:
     """One vLLM server (OpenAI-compatible API server with the RL routes and our worker extension)."""
 
@@ -75,8 +115,13 @@ class VLLMClient:
         retry: RetryPolicy | None = None,
         load_deadline_s: float = 0.0,
         tp_size: int = 1,
+        routes: bool = False,
     ) -> None:
         self.name = name
+        # trainer.routing_replay=rollout: every response carries its request's expert routes,
+        # recorded in the server's workers (vllm_routes.py) and fetched after the call
+        self.routes = routes
+        self._recording = False
         self.url = url.rstrip("/")
         self.tp_size = tp_size  # every worker answers collective_rpc: nothing per rank to send
         self._http = EngineHTTP(
@@ -89,30 +134,10 @@ class VLLMClient:
         self.adapters = AdapterSet()  # model.lora.ship=adapter: lora_adapters.py
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
-        sampling: dict[str, Any] = {
-            "max_tokens": request.max_new_tokens,
-            # vLLM raises a temperature below 0.01 to 0.01; below that we ask for greedy decoding,
-            # the limit such a request means (log-probs then are the untempered model's)
-            "temperature": request.temperature if request.temperature >= 0.01 else 0.0,
-            "top_p": request.top_p,
-            "logprobs": 0,  # the sampled token's log-prob only
-            # keep vLLM's detokenizer on (the default): without one, an aborted request's final
-            # output takes vLLM's pooling branch and the call fails instead of returning its
-            # partial tokens with finish_reason "abort"
-        }
-        if request.seed is not None:
-            sampling["seed"] = request.seed
-        if request.stop_token_ids:
-            sampling["stop_token_ids"] = list(request.stop_token_ids)
-        if request.stop:
-            sampling["stop"] = list(request.stop)
-            sampling["include_stop_str_in_output"] = True  # as SGLang's no_stop_trim: trained on
-        body = {
-            "request_id": request.rid,
-            "token_ids": request.input_ids,
-            "sampling_params": sampling,
-            "output_mode": "tokens",
-        }
+        if self.routes and not self._recording:
+            await self._rpc("areal_enable_routes")
+            self._recording = True
+        body = generate_body(request)
         adapter = self.adapters.acquire()
         try:
             if adapter is not None:
@@ -132,7 +157,25 @@ class VLLMClient:
             response = GenerateResponse(
                 response.output_ids, response.logprobs, response.finish_reason, self._version
             )
+        if self.routes:
+            response = dataclasses.replace(response, routes=await self._take_routes(request.rid))
         return response
+
+    async def _take_routes(self, rid: str) -> ExpertRoutes | None:
+        """The request's expert routes from the server's workers (the first worker's: every TP
+        rank routes alike); None when the server recorded none (the trainer routes it itself)."""
+        found = next(
+            (r for r in await self._rpc("areal_take_routes", rid=rid) or () if isinstance(r, dict)), None
+        )
+        if found is None:
+            # a restarted server forgot that it records: from its next request on it does again
+            self._recording = False
+            logger.warning("%s: no expert routes for request %s (server restarted?)", self.name, rid)
+            return None
+        try:
+            return routes_from_engine(found)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServerCallError(self.name, "/collective_rpc#areal_take_routes", str(exc)) from None
 
     async def healthy(self) -> bool:
         return await self._http.healthy()

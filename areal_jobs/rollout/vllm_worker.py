@@ -177,11 +177,27 @@ class BroadcastWeightReceiver:
             model = self.model_runner.get_model()
             finalize_layerwise_reload(model, self.model_runner.model_config)
             _repack_embedding_heads(model)
+            _repack_moe_experts(model)
             state["loading"] = False
             for reset in ("reset_encoder_cache", "reset_mm_cache"):
                 if hasattr(self.model_runner, reset):
                     getattr(self.model_runner, reset)()
         state["version"] = json.loads(payload)["version"]
+
+    def areal_enable_routes(self, payload: str = "{}") -> bool:
+        """trainer.routing_replay=rollout: record every request's experts from now on
+        (vllm_routes.py; idempotent). True once recording."""
+        state = self._areal_state()
+        if "routes" not in state:
+            from areal_jobs.rollout.vllm_routes import install
+
+            state["routes"] = install(self)
+        return True
+
+    def areal_take_routes(self, payload: str) -> dict | None:
+        """The recorded experts of request `rid` (then forgotten), or None."""
+        recorder = self._areal_state().get("routes")
+        return None if recorder is None else recorder.take(json.loads(payload)["rid"])
 
 
 def _repack_embedding_heads(model: torch.nn.Module) -> None:
@@ -206,6 +222,25 @@ def _repack_embedding_heads(model: torch.nn.Module) -> None:
             and weight.numel()
         ):
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def _repack_moe_experts(model: torch.nn.Module) -> None:
+    """CPU only: pack every MoE layer's expert weights again into the CPU kernel's grouped-GEMM
+    layout. vLLM 0.32 prepacks them in place once (CPUUnquantizedExperts.process_weights_after_loading);
+    on a reload its _setup_kernel copies the new, unpacked weights into those parameters and skips
+    the prepack (`is_weight_update`), so the kernel read checkpoint-layout weights as packed ones:
+    after the first update the tiny MoE's log-probs were off by 8.8 nats per token. Every update
+    carries every tensor (full and delta alike: receive_bucket load_all), so every MoE layer holds
+    unpacked weights here."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(module, "w13_weight"):
+            experts.process_weights_after_loading(module)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -1,6 +1,6 @@
-"""Trainer: the backend-independent core (batch assembly, advantages, the decoupled PPO loss, the
-chunked LM head's log-probs and entropy, the train loop, the ranks' command channel and rank 0's
-weight-update handshake), the plain-torch backend (`torch_backend.py`) and the seam that picks a
-backend (`backends.py`). The multi-rank backends have their own packages: `megatron/`
-(Megatron-Core TP/PP/DP) and `fsdp/` (FSDP2). Pure maths modules here import no GPU stack.
+"""Trainer: the step at the top (`loop.py`, `session.py`, `main.py`), its stages in rooms --
+intake/ (batch in), forward/ (log-probs), objective/ (loss), publish/ (weights out), dist/ (the
+ranks) -- and the backends in theirs: torch/ (the default), megatron/, fsdp/. The optimiser
+step is each backend's. `backends.py` is the one seam that names them. Pure maths modules import
+no GPU stack.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from areal_jobs.api import TrainBackend
 from areal_jobs.config import JobConfig, TrainerBackend
-from areal_jobs.trainer.ranks import RankChannel, command_timeout_s
+from areal_jobs.trainer.dist.ranks import RankChannel, command_timeout_s
 
 
 def join_ranks(cfg: JobConfig) -> RankChannel:
@@ -37,7 +37,7 @@ def build_backend(cfg: JobConfig) -> TrainBackend:
         return FSDPBackend(
             cfg.trainer, cfg.algo, model_path, cfg.model.dtype, cfg.model.lora, temperature=temperature
         )
-    from areal_jobs.trainer.torch_backend import TorchBackend
+    from areal_jobs.trainer.torch.backend import TorchBackend
 
     return TorchBackend(
         cfg.trainer, cfg.algo, model_path, cfg.model.dtype, cfg.model.lora, temperature=temperature

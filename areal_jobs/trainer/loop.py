@@ -24,15 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
-from areal_jobs.api import TrainBackend
+from areal_jobs.api import UNSCORED_STATUSES, TrainBackend
 from areal_jobs.config import AlgoConfig
 from areal_jobs.data.answer_lengths import LengthStats
-from areal_jobs.data.staleness import exact_delay_batch, exact_delay_may_publish, exact_delay_target
+from areal_jobs.data.source_metrics import eval_source_metrics, source_metrics
 from areal_jobs.metrics import MetricsSink
-from areal_jobs.trainer.batch import TrainBatch, assemble, split_fresh
-from areal_jobs.trainer.inbox import Inbox
-from areal_jobs.trainer.publisher import WeightPublisher
-from areal_jobs.trainer.staleness_watch import PreclipWatch
+from areal_jobs.staleness import exact_delay_batch, exact_delay_may_publish, exact_delay_target
+from areal_jobs.staleness_bound import drift_of
+from areal_jobs.trainer.intake.batch import TrainBatch, assemble, split_fresh
+from areal_jobs.trainer.intake.inbox import Inbox
+from areal_jobs.trainer.objective.staleness_watch import PreclipWatch
+from areal_jobs.trainer.publish.publisher import WeightPublisher
 from areal_jobs.transport import messages as m
 
 logger = logging.getLogger(__name__)
@@ -117,6 +119,7 @@ class TrainLoop:
         batch = assemble(groups, self.version, self.algo, self.max_new_tokens)
         metrics = self.backend.train_step(batch)
         t_train = time.monotonic()
+        self._report_drift(metrics, batch)
         self._wait_for_next_batches()
         t_gate = time.monotonic()
         self.version += 1
@@ -151,6 +154,18 @@ class TrainLoop:
         self.log_evals()
         return metrics
 
+    def _report_drift(self, metrics: dict[str, float], batch: TrainBatch) -> None:
+        """algo.max_staleness=auto: the step's drift to the controller, which moves the admission
+        bound (areal_jobs/staleness_bound.py); sent before the PauseRequest, so the bound the next
+        VersionPublished reports (staleness/bound) has taken this step into account."""
+        if not self.algo.staleness_auto:
+            return
+        drift = drift_of(metrics, self.algo.staleness_drift)
+        if drift is None:
+            return
+        lag = batch.staleness()
+        self.inbox.send(m.DriftReport(self.version + 1, drift, float(lag.mean()) if lag.size else 0.0))
+
     def _wait_for_next_batches(self) -> None:
         """algo.exact_delay = d: before publishing the next version, hold the next d batches
         (every group of the current version delivered, none in flight). Not before the last
@@ -181,7 +196,8 @@ class TrainLoop:
         for ev in self.inbox.take_evals():
             if ev.kind.endswith("_greedy"):
                 row = {"eval/greedy": ev.accuracy, "eval/greedy_accuracy": ev.accuracy,
-                       "eval/greedy_mean_reward": ev.mean_reward, "eval/greedy_version": float(ev.version)}  # fmt: skip
+                       "eval/greedy_mean_reward": ev.mean_reward, "eval/greedy_version": float(ev.version),
+                       **{k.replace("/accuracy", "/greedy_accuracy"): v for k, v in eval_source_metrics(ev.by_source).items()}}  # fmt: skip
             else:
                 row = {
                     "eval/pass@1": ev.accuracy,
@@ -192,12 +208,16 @@ class TrainLoop:
                     "eval/mean_length_tokens": ev.mean_length_tokens,
                     "eval/truncation_rate": ev.truncation_rate,
                     "eval/version": float(ev.version),
+                    **eval_source_metrics(ev.by_source),  # eval/<source>/accuracy (mixtures)
                 }
             self.sink.log(self.step, row)
 
     def _batch_metrics(self, batch: TrainBatch, groups: list[m.TrajectoryGroup]) -> dict[str, float]:
         samples = [s for g in groups for s in g.samples]
-        rewards = np.array([s.reward for s in samples], dtype=np.float64)
+        # a failed reward (the reward model's, a user function's) is no 0: out of the mean as of the batch
+        rewards = np.array(
+            [s.reward for s in samples if s.reward_status not in UNSCORED_STATUSES], dtype=np.float64
+        )
         lengths = np.array([s.num_tokens for s in samples], dtype=np.float64)
         lag = batch.staleness()
         self.trained_tokens += batch.num_output_tokens
@@ -212,8 +232,8 @@ class TrainLoop:
             }
         return {
             **exact,
-            "reward/mean": float(rewards.mean()),
-            "reward/accuracy": float((rewards >= 1.0).mean()),
+            "reward/mean": float(rewards.mean()) if rewards.size else 0.0,
+            "reward/accuracy": float((rewards >= 1.0).mean()) if rewards.size else 0.0,
             "reward/non_ok": float(sum(s.reward_status != "ok" for s in samples)),
             "staleness/min": float(lag.min()) if lag.size else 0.0,
             "staleness/mean": float(lag.mean()) if lag.size else 0.0,
@@ -243,6 +263,7 @@ class TrainLoop:
                 / max(sum(g.gen_time_s + g.reward_time_s for g in groups), 1e-9)
             ),
             "batch/trained_sequences": float(len(batch.samples)),
+            **source_metrics(groups),  # source/<name>/{reward,accuracy,length,truncated} (mixtures)
         }
 
     def _write_ledger(self, batch: TrainBatch, groups: list[m.TrajectoryGroup]) -> None:

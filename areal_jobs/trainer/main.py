@@ -6,7 +6,7 @@ Every rank: join the ranks, set up the backend, the weight sender of its pipelin
 then leads: the controller session (resuming from RUN_DIR/checkpoints/latest when present),
 `TrainLoop` steps until trainer.total_steps with a checkpoint every checkpoint.every_steps, and the
 end-of-run outputs (session.finish). It announces every collective call to the other ranks, which
-follow (trainer/ranks.py). SIGUSR1/SIGTERM: checkpoint at the last finished step and exit 0 (SLURM
+follow (trainer/dist/ranks.py). SIGUSR1/SIGTERM: checkpoint at the last finished step and exit 0 (SLURM
 requeues; the next attempt resumes). Any failure on any rank exits every rank non-zero.
 """
 
@@ -24,9 +24,10 @@ from pathlib import Path
 from areal_jobs.api import WeightSender
 from areal_jobs.config import JobConfig, LoraShip, load_job_config, serving_dtype
 from areal_jobs.logs import setup_logging
-from areal_jobs.trainer import backends, gpu_memory, ranks, session
+from areal_jobs.trainer import backends, session
+from areal_jobs.trainer.dist import gpu_memory, ranks
 from areal_jobs.trainer.loop import Preempted
-from areal_jobs.trainer.publisher import WeightPublisher, gather_senders
+from areal_jobs.trainer.publish.publisher import WeightPublisher, gather_senders
 from areal_jobs.weights.broadcast import gpu_available
 from areal_jobs.weights.sender import StageSender
 

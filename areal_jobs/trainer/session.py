@@ -20,13 +20,13 @@ from areal_jobs.api import TrainBackend
 from areal_jobs.config import JobConfig, LoraFinal
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.metrics import build_sink, read_jsonl
-from areal_jobs.report import final_line, length_table, plot_run, write_summary
+from areal_jobs.report import final_line, length_table, plot_run, source_table, write_summary
 from areal_jobs.samples import SampleDump, train_records
-from areal_jobs.trainer.inbox import Inbox
+from areal_jobs.trainer.forward.lora import copy_tokenizer
+from areal_jobs.trainer.intake.inbox import Inbox
 from areal_jobs.trainer.loop import TrainLoop
-from areal_jobs.trainer.lora import copy_tokenizer
-from areal_jobs.trainer.publisher import WeightPublisher
-from areal_jobs.trainer.staleness_watch import PreclipWatch
+from areal_jobs.trainer.objective.staleness_watch import PreclipWatch
+from areal_jobs.trainer.publish.publisher import WeightPublisher
 from areal_jobs.transport import discovery
 from areal_jobs.transport import messages as m
 from areal_jobs.transport.channels import TrainerChannel
@@ -166,6 +166,8 @@ def finish(cfg: JobConfig, run_dir: Path, loop: TrainLoop, resumed: bool, t_star
     logger.info(final_line(result))
     if result["by_length"]:
         logger.info("held-out accuracy by chain length:\n%s", length_table(result["by_length"]))
+    if result["by_source"]:
+        logger.info("held-out accuracy by source:\n%s", source_table(result["by_source"]))
     return result
 
 
@@ -203,6 +205,7 @@ def summary(cfg: JobConfig, run_dir: Path, loop: TrainLoop, inbox: Inbox, stoppe
         "resumed": resumed,
         "final_checkpoint": str(run_dir / "final_hf"),
         "by_length": by_length(inbox.all_evals),
+        "by_source": by_source(inbox.all_evals, run_dir),
         # the code sandbox mode in force (reward/isolation_<mode> = 1, see docs/sandbox.md)
         "reward_sandbox": _sandbox_mode(stopped.metrics),
         **_tool_calls(cfg, run_dir),
@@ -238,6 +241,26 @@ def _eval_row(ev: m.EvalResult) -> dict:
 
 _LENGTH_COLUMNS = {"start": "sampled_start", "final": "sampled_end",
                    "start_greedy": "greedy_start", "final_greedy": "greedy_end"}  # fmt: skip
+
+
+def by_source(evals: list[m.EvalResult], run_dir: Path, batches: int = 5) -> dict[str, dict]:
+    """summary.json's `by_source`: per source (mixtures), the held-out prompt count, the sampled
+    and greedy accuracy at the start and the end, and the mean training reward and accuracy over
+    the last `batches` batches that had the source; {} without sources."""
+    table: dict[str, dict] = {}
+    for ev in evals:
+        column = _LENGTH_COLUMNS.get(ev.kind)
+        if column is None:
+            continue
+        for name, accuracy in ev.by_source.items():
+            row = table.setdefault(name, {"num_prompts": ev.source_sizes.get(name, 0)})
+            row[column] = accuracy
+    rows = read_jsonl(run_dir / "metrics.jsonl") if table and (run_dir / "metrics.jsonl").exists() else []
+    for name, row in table.items():
+        for metric in ("reward", "accuracy"):
+            seen = [r[f"source/{name}/{metric}"] for r in rows if f"source/{name}/{metric}" in r][-batches:]
+            row[f"train_{metric}"] = sum(seen) / len(seen) if seen else None
+    return table
 
 
 def by_length(evals: list[m.EvalResult]) -> dict[str, dict]:

@@ -75,6 +75,7 @@ def encode_group(group: m.TrajectoryGroup, token: str) -> list[bytes]:
             "num_turns": int(s.num_turns),
             "num_tool_calls": int(s.num_tool_calls),
             "has_loss_mask": int(s.loss_mask is not None),  # int: the codec refuses JSON booleans
+            "has_routes": int(s.routes is not None),
         }
         for s in group.samples
     ]
@@ -85,6 +86,7 @@ def encode_group(group: m.TrajectoryGroup, token: str) -> list[bytes]:
         "group_id": group.group_id,
         "data_index": int(group.data_index),
         "attempt": int(group.attempt),
+        "source": group.source,
         "num_prompt_tokens": int(group.prompt_ids.shape[0]),
         "gen_time_s": float(group.gen_time_s),
         "reward_time_s": float(group.reward_time_s),
@@ -105,13 +107,24 @@ def encode_group(group: m.TrajectoryGroup, token: str) -> list[bytes]:
         cat([s.versions for s in group.samples], _I32),
     ]
     masks = [s.loss_mask for s in group.samples if s.loss_mask is not None]
-    return frames + [cat(masks, _U8)] if masks else frames
+    frames += [cat(masks, _U8)] if masks else []
+    routed = [s.routes for s in group.samples if s.routes is not None]
+    if routed:  # [p + n, layers, top_k] per routed sample, back to back (transport/routes.py)
+        header["routes"] = {
+            "layers": routed[0].shape[1],
+            "top_k": routed[0].shape[2],
+            "dtype": routed[0].dtype.name,
+        }
+        frames[0] = json.dumps(header).encode()
+        frames.append(cat(routed, np.dtype(routed[0].dtype).newbyteorder("<")))
+    return frames
 
 
 def decode_group(frames: list[bytes], token: str) -> m.TrajectoryGroup:
-    if len(frames) not in (5, 6):
+    if len(frames) not in (5, 6, 7):
         raise MessageError(
-            f"trajectory message needs 5 frames (header + 4 arrays), 6 with loss masks; got {len(frames)}"
+            "trajectory message needs 5 frames (header + 4 arrays), one more with loss masks and "
+            f"one more with expert routes; got {len(frames)}"
         )
     head = _parse_json(frames[0], "trajectory header")
     _check_envelope(head, token)
@@ -138,13 +151,25 @@ def decode_group(frames: list[bytes], token: str) -> m.TrajectoryGroup:
     if any(flag not in (0, 1) for flag in masked):
         raise MessageError(f"has_loss_mask must be 0 or 1, got {masked}")
     num_masked = sum(n for n, flag in zip(lengths, masked) if flag)
-    if (len(frames) == 6) != any(masked):
-        raise MessageError("the loss-mask frame must be present exactly when a sample has has_loss_mask 1")
+    routed = [int(s.get("has_routes", 0)) for s in samples]
+    if any(flag not in (0, 1) for flag in routed):
+        raise MessageError(f"has_routes must be 0 or 1, got {routed}")
+    if len(frames) != 5 + any(masked) + any(routed):
+        raise MessageError(
+            "the loss-mask frame and the route frame must each be present exactly when a sample has "
+            "has_loss_mask 1, has_routes 1"
+        )
     masks = _array(frames[5], _U8, num_masked, "loss masks") if any(masked) else np.zeros(0, _U8)
+    route_rows = (
+        _decode_routes(head, frames[-1], [n + prompt.shape[0] for n, f in zip(lengths, routed) if f])
+        if any(routed)
+        else []
+    )
     if masks.size and int(masks.max()) > 1:
         raise MessageError("loss masks must be 0 or 1")
     out, start, mask_start = [], 0, 0
-    for s, n, flag in zip(samples, lengths, masked):
+    route_iter = iter(route_rows)
+    for s, n, flag, has_routes in zip(samples, lengths, masked, routed):
         end = start + n
         mask = masks[mask_start : mask_start + n] if flag else None
         mask_start += n if flag else 0
@@ -161,6 +186,7 @@ def decode_group(frames: list[bytes], token: str) -> m.TrajectoryGroup:
                 loss_mask=mask,
                 num_turns=_field(s, "num_turns", int, "sample"),
                 num_tool_calls=_field(s, "num_tool_calls", int, "sample"),
+                routes=next(route_iter) if has_routes else None,
             )
         )
         start = end
@@ -172,10 +198,28 @@ def decode_group(frames: list[bytes], token: str) -> m.TrajectoryGroup:
         gen_time_s=float(_field(head, "gen_time_s", (int, float), "header")),
         reward_time_s=float(_field(head, "reward_time_s", (int, float), "header")),
         attempt=_field(head, "attempt", int, "header"),
+        source=_field(head, "source", str, "header") if "source" in head else "",
     )
 
 
 # ------------------------------------------------------------------------------ helpers
+
+
+def _decode_routes(head: dict[str, Any], frame: bytes, rows: list[int]) -> list[np.ndarray]:
+    """The routed samples' expert ids, [p + n_i, layers, top_k] each, from the route frame."""
+    spec = head.get("routes")
+    if not isinstance(spec, dict) or spec.get("dtype") not in ("uint8", "uint16"):
+        raise MessageError(f"trajectory header: 'routes' must name uint8 or uint16 ids, got {spec!r}")
+    layers, top_k = _field(spec, "layers", int, "routes"), _field(spec, "top_k", int, "routes")
+    if layers <= 0 or top_k <= 0:
+        raise MessageError(f"routes need layers > 0 and top_k > 0, got {layers}, {top_k}")
+    dtype = np.dtype(spec["dtype"]).newbyteorder("<")
+    flat = _array(frame, dtype, sum(rows) * layers * top_k, "expert routes").astype(spec["dtype"])
+    out, offset = [], 0
+    for n in rows:
+        out.append(flat[offset : offset + n * layers * top_k].reshape(n, layers, top_k))
+        offset += n * layers * top_k
+    return out
 
 
 def _parse_json(frame: bytes, what: str) -> dict[str, Any]:

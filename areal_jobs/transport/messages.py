@@ -16,7 +16,7 @@ import numpy as np
 
 from areal_jobs.api import WeightSender
 
-SCHEMA_VERSION = 3  # 3: episodes (loss_mask, num_turns, num_tool_calls)
+SCHEMA_VERSION = 4  # 3: episodes (loss_mask, num_turns, num_tool_calls); 4: expert routes
 
 # ------------------------------------------------------------------------------ trajectories
 
@@ -37,6 +37,10 @@ class SampleTrajectory:
     loss_mask: np.ndarray | None = None  # uint8 [n]: 1 on model tokens, 0 on environment tokens; None = all 1
     num_turns: int = 1  # model turns
     num_tool_calls: int = 0
+    # trainer.routing_replay=rollout on a mixture of experts: uint8 (uint16 with 255+ experts)
+    # [p + n, layers, top_k], the experts the engine routed each prompt and output position to;
+    # rows of all ones: not reported (transport/routes.py). None: dense model or replay off
+    routes: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -58,6 +62,7 @@ class TrajectoryGroup:
     gen_time_s: float = 0.0  # admission -> last sample finished
     reward_time_s: float = 0.0
     attempt: int = 0  # 0 the first time; +1 each time the group expired and was generated again
+    source: str = ""  # the prompt's source (a mixture's source, or the row's data_source): per-source metrics
 
     @property
     def oldest_version(self) -> int:
@@ -145,6 +150,18 @@ class VersionPublished:
     resume_s: float = 0.0
     # per server, every bucket call's round trip (receive + load), the slowest server
     bucket_calls_s: float = 0.0
+    staleness_bound: int = -1  # the admission bound eta in force (algo.max_staleness=auto moves it)
+
+
+@dataclass(frozen=True, slots=True)
+class DriftReport:
+    """Trainer -> controller after each step, under algo.max_staleness=auto (before the step's
+    PauseRequest): the drift the step measured, for the controller's staleness bound law
+    (areal_jobs/staleness_bound.py). Only steps that measured it send one."""
+
+    version: int  # the version this step produces (the PauseRequest that follows publishes it)
+    drift: float  # algo.staleness_drift: offpolicy/preclip_fraction, or 1 - offpolicy/ess
+    staleness_mean: float  # the batch's mean staleness in versions (what the drift grew from)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +251,8 @@ class EvalResult:
     kind: str  # "start" | "periodic" | "final", with "_greedy" for temperature 0
     by_bucket: dict[str, float] = field(default_factory=dict)  # accuracy per prompt bucket (chain length)
     bucket_sizes: dict[str, int] = field(default_factory=dict)
+    by_source: dict[str, float] = field(default_factory=dict)  # accuracy per source (eval/<name>/accuracy)
+    source_sizes: dict[str, int] = field(default_factory=dict)
     pass_at_k: float = 0.0  # unbiased pass@k from samples_per_problem answers per prompt
     k: int = 1
     samples_per_problem: int = 1
@@ -274,6 +293,7 @@ CONTROL_MESSAGES = (
     CheckpointRequest,
     CheckpointSaved,
     WeightsNeeded,
+    DriftReport,
 )
 ControlMessage = (
     TrainerHello
@@ -292,4 +312,5 @@ ControlMessage = (
     | CheckpointRequest
     | CheckpointSaved
     | WeightsNeeded
+    | DriftReport
 )

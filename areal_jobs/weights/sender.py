@@ -3,7 +3,7 @@
 A stage's sender (the rank whose backend's `weight_specs()` is non-empty: the torch backend's one
 process; Megatron's TP-0/DP-0 rank of each pipeline stage) hosts its own group's TCP store on its
 own port, "areal-weights-s<stage>", and broadcasts its buckets over it; every other rank only joins
-the collective export (the TP gathers). trainer/publisher.py drives it from rank 0's handshake.
+the collective export (the TP gathers). trainer/publish/publisher.py drives it from rank 0's handshake.
 
 Every tensor is sent rounded to the servers' dtype (rollout.dtype; the backend keeps its own
 masters). weight_sync.sync=full sends each bucket flat, loaded by the engine's own route;

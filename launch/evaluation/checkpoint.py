@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from areal_jobs.config import load_job_config
-from areal_jobs.trainer import lora
+from areal_jobs.trainer.forward import lora
 
 logger = logging.getLogger("launch.evaluate")
 

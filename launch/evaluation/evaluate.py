@@ -32,8 +32,8 @@ from launch.evaluation.report import build_report, summary_line, write_report
 
 logger = logging.getLogger("launch.evaluate")
 
-BUILTIN_MODEL = "areal_jobs/data/builtin_model"
-COUNTDOWN_MODEL = "areal_jobs/data/builtin_model_countdown"
+BUILTIN_MODEL = "areal_jobs/tasks/models/builtin_model"
+COUNTDOWN_MODEL = "areal_jobs/tasks/models/builtin_model_countdown"
 GENERATED = {"builtin": EvalSet.builtin, "countdown": EvalSet.countdown}  # --data names of the built-in sets
 
 

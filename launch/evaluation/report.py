@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from areal_jobs.data.eval_metrics import ProblemScores, sampled_metrics
+from areal_jobs.rollout.eval_metrics import ProblemScores, sampled_metrics
 from areal_jobs.rollout.evaluation import EvalOutcome
 
 logger = logging.getLogger("launch.evaluate")

@@ -1,5 +1,6 @@
-"""Planning, pure functions of the config: the allocation plan (`plan.py`) and GPU placement
-(`placement.py`), the simulator (`sim/`) and what is decided with it: the rollout fraction
-(`allocation.py`), small-cluster advice, re-planning (`replan.py`), autoscale decisions, and the
-fault and scaling reports (`fault_report.py`, `simulate.py`).
+"""Planning, pure functions of the config, by question: fit/ (what fits in memory), layout/
+(where things go: the plan, placement, the rollout fraction), replanning/ (when to re-plan,
+autoscale), reports/ (what the simulator's reports say) and the simulator itself (sim/).
 """
+
+import areal_jobs  # noqa: F401 - installs areal_jobs/moved.py: old module names work for a release

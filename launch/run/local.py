@@ -44,12 +44,22 @@ from areal_jobs.config import (
 )
 from areal_jobs.logs import setup_logging
 from areal_jobs.metrics import read_jsonl
-from areal_jobs.report import final_line, length_table
+from areal_jobs.report import final_line, length_table, source_table
 from areal_jobs.rollout.server import cuda_available
-from launch.planning.gpu_shares import apply_shares, local_shares
-from launch.planning.memory_plan import check_memory, local_layout
-from launch.planning.placement import colocated_schedule
+from launch.planning import reward_files
+from launch.planning.fit.gpu_shares import apply_shares, local_shares
+from launch.planning.layout.placement import colocated_schedule
 from launch.run.elastic import SCALE_FILE, ServerSet
+from launch.run.preflight import (
+    check_local_memory,
+    check_lora_serving,
+    check_reward_functions,
+    check_reward_model,
+    check_trainer_kernels,
+    describe_policy,
+    ensure_model,
+    print_first_prompt,
+)
 from launch.run.replanner import Replanner, local_replanner
 
 logger = logging.getLogger("launch.local")
@@ -89,88 +99,6 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> bool:
             path.unlink(missing_ok=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     return resuming
-
-
-def ensure_model(cfg: JobConfig) -> None:
-    if cfg.model.path:
-        if not (Path(cfg.model.path) / "config.json").exists():
-            raise SystemExit(
-                f"model.path={cfg.model.path} has no config.json: point it at a Hugging Face model directory"
-            )
-        return
-    from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
-
-    build_builtin_model(Path(cfg.model.builtin_dir), TinyRecipe(sft_steps=cfg.model.builtin_sft_steps))
-
-
-def gpu_visible() -> bool:
-    """A CUDA device this run's processes would use (checked without importing torch)."""
-    return Path("/dev/nvidia0").exists() and os.environ.get("CUDA_VISIBLE_DEVICES", "0") != ""
-
-
-def check_local_memory(cfg: JobConfig) -> None:
-    """On a machine with GPUs, the planner's memory check (launch/planning/memory_plan.py): the
-    trainer ranks and the servers share them. On CPU there is nothing to divide."""
-    if not gpu_visible():
-        return
-    try:
-        report = check_memory(cfg, local_layout(cfg))
-    except ValueError as exc:
-        raise SystemExit(f"invalid configuration: {exc}") from None
-    if report is not None:
-        print(report.describe(), flush=True)
-
-
-def print_first_prompt(cfg: JobConfig) -> None:
-    """Show exactly what the model gets (chat template, system prompt, instruction) before any
-    process starts: a wrong prompt is the most common reason a reward curve stays flat."""
-    from areal_jobs.data.prompts import describe_first_prompt, load_prompts
-    from areal_jobs.data.tokenizer import load_tokenizer
-
-    model_dir = cfg.model.path or cfg.model.builtin_dir
-    try:
-        prompts = load_prompts(cfg.data, model_dir, load_tokenizer(model_dir).encode)
-    except (OSError, ValueError) as exc:  # a missing file, no usable row: before any process starts
-        raise SystemExit(f"cannot build the prompts: {exc}") from None
-    print(describe_first_prompt(prompts), flush=True)
-
-
-def check_lora_serving(cfg: JobConfig) -> None:
-    """model.lora.ship=adapter where this machine's engine cannot load adapters: before any process starts."""
-    from areal_jobs.rollout.lora_adapters import check_adapter_shipping
-    from areal_jobs.rollout.server import cuda_available
-
-    try:
-        check_adapter_shipping(cfg.rollout.engine, cfg.model.lora, cpu=not cuda_available())
-    except ValueError as exc:
-        raise SystemExit(f"invalid configuration: {exc}") from None
-
-
-def check_trainer_kernels(cfg: JobConfig) -> None:
-    """trainer.attention=varlen_attn / flex run on CUDA only: refused before any process starts
-    where the trainer would run on the CPU (no GPU; trainer=torch, which trains on the CPU)."""
-    from areal_jobs.config import TrainerBackend
-    from areal_jobs.rollout.server import cuda_available
-    from areal_jobs.trainer.packed_attention import check_attention_device
-
-    on_cuda = cfg.trainer.backend is not TrainerBackend.torch and cuda_available()
-    try:
-        check_attention_device(cfg.trainer.attention.value, "cuda" if on_cuda else None)
-    except ValueError as exc:
-        raise SystemExit(f"invalid configuration: {exc}") from None
-
-
-def check_reward_model(cfg: JobConfig) -> None:
-    """reward.source=model|combined: a reward model SGLang can serve as configured, before any
-    process starts (rollout/reward_server.check_checkpoint)."""
-    if cfg.reward.source is RewardSource.verifier:
-        return
-    from areal_jobs.rollout.reward_server import check_checkpoint
-
-    try:
-        check_checkpoint(cfg.reward.model)
-    except ValueError as exc:
-        raise SystemExit(f"invalid configuration: {exc}") from None
 
 
 def start_role(name: str, module: str, config: Path, env: dict[str, str], log: Path, *extra: str) -> Role:
@@ -241,6 +169,7 @@ def launch(cfg: JobConfig) -> int:
             "release their memory while the trainer steps"
         )
         cfg = colocated_schedule(cfg)
+    cfg = check_reward_functions(cfg)
     t0 = time.time()
     run_dir = cfg.run.dir.resolve()
     ensure_model(cfg)  # the shared built-in model keeps the caller's permissions
@@ -254,7 +183,9 @@ def launch(cfg: JobConfig) -> int:
     check_trainer_kernels(cfg)
     check_reward_model(cfg)
     run_dir.chmod(cfg.run.dir_mode)  # a directory an older version left 0755
+    reward_files.record(cfg, run_dir)  # a copy of each reward function file, with its sha256
     print_first_prompt(cfg)
+    print(describe_policy(cfg), flush=True)
     if cuda_available():  # every server and trainer rank 0 share GPU 0 here: divide its memory
         shares = local_shares(cfg)
         cfg = apply_shares(cfg, shares)
@@ -325,6 +256,9 @@ def launch(cfg: JobConfig) -> int:
         print(
             "held-out accuracy by chain length (start -> end of RL):\n" + length_table(summary["by_length"])
         )
+    if summary.get("by_source"):
+        print("per source (held-out accuracy start -> end; training reward/accuracy, last batches):\n"
+              + source_table(summary["by_source"]))  # fmt: skip
     print(f"run directory: {run_dir} (summary.json, metrics.jsonl, reward_accuracy.png, final_hf/, logs/)")
     return 0
 
@@ -419,6 +353,8 @@ def _postfix(row: dict) -> dict[str, str]:
         out["acc"] = f"{row['eval/accuracy']:.2f}"
     if "staleness/mean" in row:
         out["lag"] = f"{row['staleness/mean']:.1f}/{row['staleness/max']:.0f}"
+    if "staleness/bound" in row:  # the admission bound in force (algo.max_staleness=auto moves it)
+        out["eta"] = f"{row['staleness/bound']:.0f}"
     if "throughput/trained_tokens_per_s" in row:
         out["tok/s"] = f"{row['throughput/trained_tokens_per_s']:.0f}"
     preclip = row.get("offpolicy/preclip_fraction")

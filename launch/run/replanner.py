@@ -10,10 +10,10 @@ steps measured in RUN_DIR/metrics.jsonl (the trainer's rows carry the controller
     answer lengths                gen/len_log_* (areal_jobs/data/answer_lengths.py), gen/prompt_len_mean
     weight sync                   time/publish_s
 
-builds a `Measurement`, runs `launch.planning.replan.replan` on `cluster.allocation_profile` shaped like the
+builds a `Measurement`, runs `launch.planning.replanning.replan.replan` on `cluster.allocation_profile` shaped like the
 job, and appends `plan/recommended_rollout_fraction`, `plan/expected_gain` (and what it measured)
 to the same metrics.jsonl, with one log line. With `cluster.autoscale=true` it also asks
-launch/planning/autoscale.py how many rollout nodes the job should have and hands a change to `act`:
+launch/planning/replanning/autoscale.py how many rollout nodes the job should have and hands a change to `act`:
 launch.local writes scale.json (launch/run/elastic.py starts or drains servers), a SLURM job's
 re-planner submits or releases satellite jobs of rollout nodes, as `make scale ROLLOUT_NODES=+N`
 does (launch/slurm/satellites.py).
@@ -39,8 +39,8 @@ import numpy as np
 from areal_jobs.config import ClusterConfig, JobConfig
 from areal_jobs.data.answer_lengths import LengthStats
 from areal_jobs.metrics import MetricsSink
-from launch.planning.autoscale import ScaleDecision, pool_throughput, scale_decision
-from launch.planning.replan import Measurement, Recommendation, measured_profile, replan
+from launch.planning.replanning.autoscale import ScaleDecision, pool_throughput, scale_decision
+from launch.planning.replanning.replan import Measurement, Recommendation, measured_profile, replan
 from launch.planning.sim.profile import SimProfile, load_profile
 
 logger = logging.getLogger("launch.run.replanner")
@@ -247,7 +247,7 @@ def local_replanner(job: JobConfig, run_dir: Path) -> Replanner | None:
 
 def slurm_shape(job: JobConfig) -> tuple[PoolShape, int]:
     """(shape, rollout nodes) from the job's plan; whole-node layouts only."""
-    from launch.planning.plan import plan_job
+    from launch.planning.layout.plan import plan_job
 
     plan = plan_job(job)
     if plan.rollout_nodes < 1 or plan.trainer_nodes < 1:

@@ -38,6 +38,8 @@ REFERENCES: dict[str, tuple[str, list[str]]] = {
     "math_qwen2_1p5b": ("math_qwen2_1p5b", []),
     "math_qwen2_1p5b_vllm": ("math_qwen2_1p5b", ["rollout/engine=vllm"]),
     "math_qwen2_7b": ("math_qwen2_7b", []),
+    # a mixture of experts (Qwen3-30B-A3B): Megatron's expert parallelism in the plan line
+    "moe_qwen3_30b_a3b": ("moe_qwen3_30b_a3b", []),
     # small clusters (docs/small-clusters.md): GPU-level splits 6 + 2, 12 + 4 and 18 + 6
     "small_1x8": ("math_qwen2_1p5b", ["cluster.nodes=1"]),
     "small_2x8": ("math_qwen2_1p5b", ["cluster.nodes=2"]),

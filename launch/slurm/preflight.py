@@ -9,7 +9,10 @@ interpreter again at start).
 
 With `cluster.container_image` the interpreters live inside the image and are not checked here.
 `model.path` and the data files are the roles' inputs, not the script's: a missing one is a warning
-(they may sit on a node-local or container-only path), never a refusal.
+(they may sit on a node-local or container-only path), never a refusal. A user's reward function
+(reward.function, a mixture source's function) visible here is checked as `make run` checks it
+(launch/planning/reward_files.py: it imports, the function exists, its signature is one of the two):
+a broken one is refused; one not visible here is a warning.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-from areal_jobs.config import Dataset, JobConfig
+from areal_jobs.config import JobConfig
 from launch.slurm.render import engine_python
 
 
@@ -70,17 +73,20 @@ def input_warnings(job: JobConfig) -> list[str]:
     warnings = []
     if job.model.path and not (Path(job.model.path) / "config.json").is_file():
         warnings.append(f"model.path={job.model.path} has no config.json here")
-    if job.data.dataset is not Dataset.arith:
-        for key in ("train_path", "eval_path"):
-            path = getattr(job.data, key)
-            if path and not Path(path).is_file():
-                warnings.append(f"data.{key}={path} does not exist here")
+    paths = [(f"data.{key}", getattr(job.data, key)) for key in ("train_path", "eval_path")]
+    for i, source in enumerate(job.data.sources):  # a mixture's files
+        paths += [(f"data.sources.{i}.path", source.path), (f"data.sources.{i}.eval_path", source.eval_path)]
+    for key, path in paths:
+        if path and not Path(path).exists():  # a file, or a save_to_disk directory
+            warnings.append(f"{key}={path} does not exist here")
     return warnings
 
 
 def check_before_writing(job: JobConfig) -> list[str]:
     """Raise ValueError listing the script's missing needs; return the input warnings."""
+    from launch.planning import reward_files  # here: the module's imports stay as they were
+
     problems = script_problems(job)
     if problems:
         raise ValueError("the job would fail on the cluster: " + "; ".join(problems))
-    return input_warnings(job)
+    return input_warnings(job) + reward_files.check_functions(job, missing_ok=True)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from areal_jobs.config import ClusterConfig, JobConfig, Placement, RolloutEngine
-from launch.planning.plan import AllocationPlan
+from launch.planning.layout.plan import AllocationPlan
+from launch.planning.reward_files import describe
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "sbatch" / "hetjob.sbatch.tmpl"
 
@@ -250,6 +251,25 @@ def _check_paths(cluster: ClusterConfig) -> None:
         )
 
 
+def inputs_lines(job: JobConfig) -> str:
+    """Header lines naming the roles' input files as the nodes read them (paths, never copies
+    of data), and each user reward function with its file's sha256; "" when there are none."""
+    data = [
+        f"data.{key}={getattr(job.data, key)}"
+        for key in ("train_path", "eval_path")
+        if getattr(job.data, key)
+    ]
+    for i, source in enumerate(getattr(job.data, "sources", None) or ()):  # a mixture's files
+        data += [
+            f"data.sources.{i}.{k}={getattr(source, k)}"
+            for k in ("path", "eval_path")
+            if getattr(source, k, "")
+        ]
+    lines = [f"# Inputs: {_one_line(' '.join(data))}"] if data else []
+    lines += [f"# Reward function: {_one_line(line)}" for line in describe(job)]
+    return "".join("\n" + line for line in lines)
+
+
 def engine_python(job: JobConfig) -> str:
     """The rollout servers' engine interpreter on the nodes: rollout.engine_python, else the
     checkout's .venv-vllm for vLLM (made by `make vllm-venv` in cluster.workdir), else cluster.python."""
@@ -276,6 +296,7 @@ def render_sbatch(
         "file_modes": "group-readable (0750 / 0640)" if job.run.share_with_group else "private (0700 / 0600)",
         "command": _one_line(provenance.command_line()),
         "source": _one_line(provenance.source),
+        "inputs": inputs_lines(job),
         "sbatch_header": sbatch_header(job, plan),
         "run_dir": shlex.quote(run_dir_of(job)),
         "python": shlex.quote(job.cluster.python),

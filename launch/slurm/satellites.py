@@ -32,7 +32,7 @@ from pathlib import Path
 from areal_jobs.atomic import write_atomic
 from areal_jobs.config import JobConfig, load_job_config
 from areal_jobs.transport import discovery
-from launch.planning.plan import plan_job
+from launch.planning.layout.plan import plan_job
 from launch.slurm.cli import SlurmError, cancel_quietly, parse_job_id, run_command, signal_batch_script
 from launch.slurm.render import (
     SbatchTemplate,

@@ -5,7 +5,7 @@
     python -m launch.submit -m experiment=math_qwen2_1p5b algo.max_staleness=0,4,8   # 3 jobs
 
 Hydra composes conf/submit.yaml (conf/config.yaml plus launcher settings); the config is planned
-(launch/planning/plan.py), written with the plan's values to <run dir>/config.yaml next to the rendered
+(launch/planning/layout/plan.py), written with the plan's values to <run dir>/config.yaml next to the rendered
 <run dir>/job.sbatch (launch/slurm/render.py), and handed to `sbatch --parsable` (launch/slurm/cli.py).
 SLURM refuses job arrays of heterogeneous jobs, so a multirun is Hydra's basic launcher calling
 this task once per combination, each with its own run directory and its own job.
@@ -37,11 +37,12 @@ from areal_jobs.config import (
     save_job_config,
     to_job_config,
 )
-from launch.planning.allocation import resolve_auto_fraction
-from launch.planning.memory_plan import MemoryPlan, check_memory, unknown_shape_note
-from launch.planning.plan import AllocationPlan, apply_plan
-from launch.planning.reward_plan import RewardPlan, check_reward_servers
-from launch.planning.suggest import plan_or_explain
+from launch.planning import reward_files
+from launch.planning.fit.memory_plan import MemoryPlan, check_memory, unknown_shape_note
+from launch.planning.fit.reward_plan import RewardPlan, check_reward_servers
+from launch.planning.layout.allocation import resolve_auto_fraction
+from launch.planning.layout.plan import AllocationPlan, apply_plan
+from launch.planning.layout.suggest import plan_or_explain
 from launch.slurm.cli import Slurm, SlurmCli, SlurmError
 from launch.slurm.preflight import check_before_writing
 from launch.slurm.render import Provenance, render_sbatch, run_dir_of
@@ -64,7 +65,7 @@ class PreparedJob:
         return Path(run_dir_of(self.job))
 
     def memory_text(self) -> str:
-        """The per-rank trainer breakdown and the servers' KV cache (launch/planning/memory_plan.py)."""
+        """The per-rank trainer breakdown and the servers' KV cache (launch/planning/fit/memory_plan.py)."""
         text = self.memory.describe() if self.memory is not None else unknown_shape_note(self.job)
         return text + ("\n" + self.reward.describe() if self.reward is not None else "")
 
@@ -94,9 +95,11 @@ def prepare(
         run=dataclasses.replace(job.run, name=name, root=_under(cluster.workdir, job.run.root)),
         model=dataclasses.replace(job.model, builtin_dir=_under(cluster.workdir, job.model.builtin_dir)),
     )
-    plan = plan_or_explain(resolve_auto_fraction(job))
-    job = apply_plan(job, plan)
-    memory = check_memory(job, plan)
+    job = reward_files.absolute_paths(job, Path(cluster.workdir))  # the nodes import these paths
+    unplanned = resolve_auto_fraction(job)
+    plan = plan_or_explain(unplanned)
+    job = apply_plan(unplanned, plan)
+    memory = check_memory(job, plan, unplanned=unplanned)
     reward = check_reward_servers(job, plan)
     script = render_sbatch(job, plan, provenance=provenance)
     return PreparedJob(job=job, plan=plan, script=script, memory=memory, reward=reward)
@@ -137,7 +140,7 @@ def ensure_builtin_model(job: JobConfig) -> None:
     as `make run` does, so that the roles on the nodes only read it."""
     if job.model.path:
         return
-    from areal_jobs.data.tiny_model import TinyRecipe, build_builtin_model
+    from areal_jobs.tasks.warm_start.tiny_model import TinyRecipe, build_builtin_model
 
     build_builtin_model(Path(job.model.builtin_dir), TinyRecipe(sft_steps=job.model.builtin_sft_steps))
 
@@ -149,6 +152,7 @@ def write_run_dir(prepared: PreparedJob) -> Path:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     run_dir.chmod(prepared.job.run.dir_mode)  # a directory an older version left 0755
     save_job_config(prepared.job, run_dir / "config.yaml")
+    reward_files.record(prepared.job, run_dir)  # the reward function files, copied with their sha256
     script = run_dir / "job.sbatch"
     script.write_text(prepared.script)
     script.chmod(0o777 & ~prepared.job.run.umask & 0o755)

@@ -117,7 +117,7 @@ def make_half_billion(path: Path) -> Path:
 
 def long_batch(vocab: int, num_sequences: int):
     """Sequences of a 64-token prompt and a 512-1536-token answer: a realistic RL batch shape."""
-    from areal_jobs.trainer.batch import TrainBatch, TrainSample
+    from areal_jobs.trainer.intake.batch import TrainBatch, TrainSample
 
     rng = np.random.default_rng(0)
     samples = []

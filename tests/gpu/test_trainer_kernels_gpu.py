@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from areal_jobs.config import Attention
-from areal_jobs.trainer.attention import packed_causal_attention
-from areal_jobs.trainer.logprobs import head_logprobs
-from areal_jobs.trainer.packed_attention import PackedLayout
+from areal_jobs.trainer.forward.attention import packed_causal_attention
+from areal_jobs.trainer.forward.logprobs import head_logprobs
+from areal_jobs.trainer.forward.packed_attention import PackedLayout
 
 pytestmark = [
     pytest.mark.gpu,

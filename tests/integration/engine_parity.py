@@ -13,10 +13,10 @@ from areal_jobs.api import RewardResult
 from areal_jobs.config import AlgoConfig, DataConfig, DType, LoraConfig, TrainerConfig
 from areal_jobs.data.prompts import eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
-from areal_jobs.trainer import lora
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.hf_logprobs import token_logprobs
-from areal_jobs.trainer.torch_backend import TorchBackend
+from areal_jobs.trainer.forward import lora
+from areal_jobs.trainer.forward.hf_logprobs import token_logprobs
+from areal_jobs.trainer.intake.batch import TrainSample
+from areal_jobs.trainer.torch.backend import TorchBackend
 
 # |server - trainer| per generated token, float32 on CPU: mean, max. Tight enough that the base
 # model beside an adapted server (or an untempered reference) fails it by 20x or more.

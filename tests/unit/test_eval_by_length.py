@@ -5,10 +5,10 @@ end, and the run prints the table and plots it. Values worked out by hand."""
 import json
 
 from areal_jobs.config import DataConfig
-from areal_jobs.data import arith_task
 from areal_jobs.data.prompts import eval_prompts
 from areal_jobs.report import length_table, plot_run
 from areal_jobs.rollout.evaluation import bucket_accuracy
+from areal_jobs.tasks import arith_task
 from areal_jobs.trainer.session import by_length
 from areal_jobs.transport import messages as m
 

@@ -14,13 +14,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("areal_jobs", "launch", "bench")
 
-# Lowest first. A unit (a subpackage of areal_jobs, a top-level module of areal_jobs, or a whole
-# top-level package) may import units of lower layers only, never one of its own layer or above.
+# Lowest first. A unit (a subpackage of areal_jobs, a top-level module of areal_jobs, a whole
+# top-level package, or one of NESTED_UNITS) may import units of lower layers only, never one of
+# its own layer or above.
 LAYERS: list[tuple[str, set[str]]] = [
     (
         "foundations",
         {
-            "areal_jobs",  # the package docstring only
+            "areal_jobs",  # the package docstring, and installing `moved`
             "areal_jobs.config",
             "areal_jobs.api",
             "areal_jobs.logs",
@@ -29,27 +30,41 @@ LAYERS: list[tuple[str, set[str]]] = [
             "areal_jobs.checkpoint",
             "areal_jobs.samples",
             "areal_jobs.atomic",
+            "areal_jobs.staleness",  # the eta rule both roles apply (admission; the trainer's is_fresh)
+            "areal_jobs.staleness_bound",  # algo.max_staleness=auto: how eta follows the measured drift
+            "areal_jobs.moved",  # former module names, for one release
         },
     ),
     ("transport", {"areal_jobs.transport"}),
+    # the built-in tasks: prompts, worked answers, what a verifier checks; data and reward read them
+    ("tasks", {"areal_jobs.tasks"}),
     ("components", {"areal_jobs.data", "areal_jobs.reward", "areal_jobs.weights"}),
     # episodes: workflows, tools and the OpenAI-compatible endpoint, run inside the controller
     ("agent", {"areal_jobs.agent"}),
     ("roles", {"areal_jobs.rollout", "areal_jobs.trainer"}),
+    # the builders of the committed models: they train (the trainer's packing, the task's verifier)
+    ("warm starts", {"areal_jobs.tasks.warm_start"}),
     ("launch", {"launch"}),
     ("bench", {"bench"}),
 ]
+# Sub-packages that sit on another floor than their parent package: a unit of their own.
+NESTED_UNITS = ("areal_jobs.tasks.warm_start",)
 # Imports inside one layer that are part of the design, each with its reason.
 SIDEWAYS = {
     ("areal_jobs.report", "areal_jobs.metrics"): "the end-of-run summary reads the metrics sink's rows",
     (
-        "areal_jobs.data",
-        "areal_jobs.reward",
-    ): "the countdown warm start scores itself with the task's verifier",
-    (
         "areal_jobs.checkpoint",
         "areal_jobs.atomic",
     ): "a checkpoint's meta.json and `latest` are replaced atomically",
+    ("areal_jobs", "areal_jobs.moved"): "importing the package installs the finder of former names",
+    (
+        "areal_jobs.staleness_bound",
+        "areal_jobs.config",
+    ): "eta's law (algo.max_staleness=auto) reads its knobs from algo's config",
+    (
+        "areal_jobs.data",
+        "areal_jobs.reward",
+    ): "a mixture's sources name their verifiers, checked against reward's registry",
 }
 
 
@@ -64,6 +79,9 @@ def is_module(name: str) -> bool:
 
 
 def unit_of(module: str) -> str:
+    for nested in NESTED_UNITS:
+        if module == nested or module.startswith(nested + "."):
+            return nested
     parts = module.split(".")
     if parts[0] == "areal_jobs" and len(parts) > 1:
         return ".".join(parts[:2])
@@ -128,7 +146,9 @@ def test_no_import_cycles():
 
 
 # Rooms inside a unit (docs/architecture.md, "Rooms"): lowest first; a room imports rooms below it
-# (and the unit's top-level modules listed as shared), never one beside or above it.
+# (and the unit's top-level modules listed as shared), never one beside or above it. A module in a
+# room not listed belongs to the unit's own room. Units nest: launch.planning's rooms are checked
+# inside launch.planning, and launch.planning as one room of launch.
 ROOMS: dict[str, list[set[str]]] = {
     # the commands at launch/'s top level only hand over to a room; nothing imports them
     "launch": [
@@ -144,13 +164,40 @@ ROOMS: dict[str, list[set[str]]] = {
             "launch.plan_allocation",
         },
     ],
-    # the backend-independent core never reaches into one backend; only the seam (backends.py)
-    # names them, and the two multi-rank backends never import each other
+    # the simulator imports no planner; what fits (fit/), where things go (layout/) and when to
+    # re-plan (replanning/) ask each other, so they share a floor; the reports read all of them
+    "launch.planning": [
+        {"launch.planning.sim"},
+        {"launch.planning"},
+        {"launch.planning.reports"},
+    ],
+    # the step's stages, each reading only those below it: the loss knows no batch layout, the
+    # batch no model; the backend-independent core (loop, session at the top) never reaches into
+    # one backend; only the seam (backends.py) names them, and the backends never import each other
     "areal_jobs.trainer": [
+        {"areal_jobs.trainer.objective"},
+        {"areal_jobs.trainer.intake"},
+        {"areal_jobs.trainer.forward", "areal_jobs.trainer.dist"},
+        {"areal_jobs.trainer.publish"},
         {"areal_jobs.trainer"},
-        {"areal_jobs.trainer.megatron", "areal_jobs.trainer.fsdp"},
+        {"areal_jobs.trainer.torch", "areal_jobs.trainer.megatron", "areal_jobs.trainer.fsdp"},
         {"areal_jobs.trainer.backends"},
         {"areal_jobs.trainer.main"},
+    ],
+    # the shared harness, the rooms by subject (never each other), then the runner and its tables
+    # (report.py formats a room's section with that room's own table)
+    "bench": [
+        {"bench", "bench.harness"},
+        {
+            "bench.staleness",
+            "bench.trainer",
+            "bench.weights",
+            "bench.rollout",
+            "bench.reward",
+            "bench.e2e",
+        },
+        {"bench.report"},
+        {"bench.__main__"},
     ],
 }
 
@@ -166,19 +213,24 @@ def room_of(module: str, unit: str) -> str:
 def test_rooms_import_downward_only():
     wrong = []
     for module, path in all_modules().items():
-        unit = next((u for u in ROOMS if module == u or module.startswith(u + ".")), None)
-        if unit is None:
-            continue
-        level = {room: i for i, rooms in enumerate(ROOMS[unit]) for room in rooms}
-        source = room_of(module, unit)
-        for line, target in imports_of(path):
-            if not (target == unit or target.startswith(unit + ".")):
-                continue
-            dest = room_of(target, unit)
-            if dest == source or level[dest] < level[source]:
-                continue
-            wrong.append(f"{path.relative_to(REPO)}:{line} imports {target} ({source} -> {dest})")
+        for unit in [u for u in ROOMS if module == u or module.startswith(u + ".")]:
+            level = {room: i for i, rooms in enumerate(ROOMS[unit]) for room in rooms}
+            source = room_of(module, unit)
+            for line, target in imports_of(path):
+                if not (target == unit or target.startswith(unit + ".")):
+                    continue
+                dest = room_of(target, unit)
+                if dest == source or level[dest] < level[source]:
+                    continue
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {target} ({source} -> {dest})")
     assert wrong == [], "\n".join(wrong)
+
+
+def test_every_room_exists():
+    """A room renamed or removed must leave ROOMS too, or its rule silently guards nothing."""
+    modules = all_modules()
+    missing = sorted(r for rooms in ROOMS.values() for level in rooms for r in level if r not in modules)
+    assert missing == [], f"rooms in ROOMS with no module or package: {missing}"
 
 
 def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path, monkeypatch):

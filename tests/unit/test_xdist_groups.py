@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-MODULES = ["tests/unit/data/test_data_chat.py", "tests/unit/data/test_data_packing.py",
-           "tests/unit/data/test_data_staleness.py", "tests/unit/data/test_data_prompts.py"]  # fmt: skip
+MODULES = ["tests/unit/data/test_data_chat.py", "tests/unit/trainer/test_trainer_packing.py",
+           "tests/unit/test_staleness.py", "tests/unit/data/test_data_prompts.py"]  # fmt: skip
 
 
 def test_each_module_runs_on_one_worker():

@@ -3,7 +3,7 @@
 No conversion: the model is the transformers class the torch backend trains, each decoder layer
 and then the root wrapped by `fully_shard` over all trainer ranks (one per GPU; gloo on CPU).
 One `train_step`, on every rank at once:
-  1. rank 0's TrainBatch is broadcast; every rank derives the same plan (trainer/dp_plan.py):
+  1. rank 0's TrainBatch is broadcast; every rank derives the same plan (trainer/intake/dp_plan.py):
      token-balanced DP shares, packed micro-batches, the same count on every rank (padded with
      empty ones, which run a one-token forward so the FSDP collectives stay in step);
   2. proximal log-probs of this rank's samples with the pre-step weights (forward only), except
@@ -19,21 +19,20 @@ One `train_step`, on every rank at once:
 Packing, log-probs, `trainer.attention`, `trainer.logprob_kernel`, `trainer.compile` and
 `trainer.recompute=full` are the torch backend's
 (`token_logprobs`): one row, positions restarting; per-sequence attention by default; the LM head
-chunked (trainer/logprobs.py) on the root's unsharded head weight.
+chunked (trainer/forward/logprobs.py) on the root's unsharded head weight.
 
-Weights: `weight_specs` on rank 0 only (it is the one sender); `iter_weights` is collective
-(each parameter's `full_tensor()` all-gather), rank 0 yields HF-named tensors, the others join
-the gathers eagerly and yield nothing, as Megatron's non-sender ranks do. Checkpoints and HF
-export: trainer/fsdp/state.py.
+Mixtures of experts (Qwen3-MoE): the router's balancing loss per micro-batch, weighted by its
+share of the whole minibatch's tokens (trainer/fsdp/moe.py says what each rank computes it over);
+`trainer.routing_replay=rollout` through the torch backend's router hook (the routes travel with
+the broadcast batch). Weights under the checkpoint's names (per expert), rank 0 the one sender:
+trainer/fsdp/export.py. Sharding, checkpoints and the HF directory: trainer/fsdp/state.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,47 +40,38 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from areal_jobs.api import TensorSpec
-from areal_jobs.config import AlgoConfig, DType, LoraConfig, Recompute, TrainerConfig
-from areal_jobs.trainer import lora as lora_adapters
-from areal_jobs.trainer.attention import hf_attn_implementation
-from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
-from areal_jobs.trainer.dp_plan import plan_microbatches
+from areal_jobs.config import AlgoConfig, DType, LoraConfig, Recompute, RoutingReplay, TrainerConfig
+from areal_jobs.trainer.dist.state_bytes import trainer_state_bytes
+from areal_jobs.trainer.forward import lora as lora_adapters
+from areal_jobs.trainer.forward.attention import hf_attn_implementation
+from areal_jobs.trainer.forward.hf_logprobs import enable_layer_recompute, token_logprobs
+from areal_jobs.trainer.forward.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
+from areal_jobs.trainer.forward.logprobs import resolve_kernel
+from areal_jobs.trainer.forward.packed_attention import check_attention_device
+from areal_jobs.trainer.forward.routing_replay import replay_token_fraction, require_routers, routers
+from areal_jobs.trainer.fsdp import export as fsdp_export
 from areal_jobs.trainer.fsdp import state as fsdp_state
-from areal_jobs.trainer.hf_logprobs import enable_layer_recompute, token_logprobs
-from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
-from areal_jobs.trainer.logprobs import resolve_kernel
-from areal_jobs.trainer.loss import LossStats, ppo_loss, pre_step_logp
-from areal_jobs.trainer.minibatches import (
+from areal_jobs.trainer.fsdp.dist import (  # noqa: F401 - init/shutdown: trainer/backends.py imports them here
+    init_distributed,
+    reduce_step,
+    shutdown_distributed,
+    sum_over_ranks,
+)
+from areal_jobs.trainer.fsdp.moe import router_metrics_over_ranks
+from areal_jobs.trainer.intake.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.intake.batch_broadcast import broadcast_train_batch
+from areal_jobs.trainer.intake.dp_plan import plan_microbatches
+from areal_jobs.trainer.intake.minibatches import (
     loss_inputs,
     prox_from_gradient_pass,
     split_minibatches,
     step_weights,
 )
-from areal_jobs.trainer.packed_attention import check_attention_device
-from areal_jobs.trainer.process_group import join_default_group
-from areal_jobs.trainer.state_bytes import trainer_state_bytes
+from areal_jobs.trainer.objective.loss import LossStats, ppo_loss, pre_step_logp
+from areal_jobs.trainer.objective.objectives import step_lr_scale
+from areal_jobs.trainer.objective.router_loss import RouterLoss, has_router, resolve_coef
 
 logger = logging.getLogger(__name__)
-
-
-def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) -> None:
-    """Call first on every trainer rank: join the default group from env:// (RANK, WORLD_SIZE,
-    MASTER_ADDR/PORT, as srun or launch.local set them), NCCL on LOCAL_RANK's GPU, else gloo.
-    A lone process without those variables (dp_size 1) gets a private one-rank group."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    join_default_group(
-        "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
-        timeout_s or trainer.batch_wait_timeout_s + 600.0,
-        trainer.dp_size,
-        f"trainer.dp_size={trainer.dp_size}",
-    )
-
-
-def shutdown_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 class FSDPBackend:
@@ -130,6 +120,10 @@ class FSDPBackend:
             dtype=getattr(torch, self.dtype.value),
             attn_implementation=hf_attn_implementation(self.cfg.attention),
         )
+        self.router_coef = resolve_coef(model, self.cfg.router_aux_loss_coef)  # trainer/fsdp/moe.py
+        self.replay = self.cfg.routing_replay is RoutingReplay.rollout
+        if self.replay:
+            require_routers(bool(routers(model)), self.model_path)
         if self.lora.enabled:  # before sharding: the adapters are sharded with their decoder layer
             lora_adapters.apply_lora(model, self.lora, self.cfg.seed)
         if self.cfg.recompute is Recompute.full:  # before fully_shard: per decoder layer
@@ -137,7 +131,6 @@ class FSDPBackend:
         if self.cfg.compile:  # after recompute, before fully_shard (torchtitan's order)
             compile_layers(hf_decoder_layers(model))
         self.architecture = type(model).__name__  # fully_shard renames the class: export the original
-        self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.model = fsdp_state.shard(model, self.cfg.fsdp_mixed_precision, self.device)
         self.model.train()
         if self.algo.kl_coef > 0:
@@ -156,12 +149,14 @@ class FSDPBackend:
 
     # ------------------------------------------------------------------ training
 
-    def _logprobs(self, samples: list[TrainSample], *, with_entropy: bool = False, model=None):
+    def _logprobs(self, samples: list[TrainSample], *, with_entropy: bool = False, model=None, router=None):
         """This rank's micro-batch under `model` (the policy by default); an empty one runs a
         two-token stand-in through the same path (FSDP all-gathers and reduce-scatters are
         collective: every rank must touch the same parameters) and returns [] with a zero `dummy`
         attached for the backward. With `with_entropy`, (log-probs, entropies) as token_logprobs
-        returns them (the entropies with gradient when algo.entropy_coef > 0)."""
+        returns them (the entropies with gradient when algo.entropy_coef > 0). `router`: the
+        forward's balancing loss goes there; the policy's forwards replay the rollout's routes
+        (trainer.routing_replay=rollout; the reference model keeps its own routing)."""
         model = self.model if model is None else model
         assert model is not None
         kwargs = dict(
@@ -172,7 +167,13 @@ class FSDPBackend:
         )
         if samples:
             return token_logprobs(
-                model, samples, with_entropy=with_entropy, entropy_grad=self.algo.entropy_coef > 0, **kwargs
+                model,
+                samples,
+                with_entropy=with_entropy,
+                entropy_grad=self.algo.entropy_coef > 0,
+                router=router,
+                replay=self.replay and model is self.model,
+                **kwargs,
             )
         stand_in = TrainSample(
             "", np.zeros(2, np.int64), 1, np.zeros(1, np.float32), np.zeros(1, np.int32), 0.0, 0.0
@@ -223,14 +224,17 @@ class FSDPBackend:
                     for i, lp in zip(mb, self._logprobs([samples[i] for i in mb], model=self.reference)):
                         ref[i] = lp.detach().cpu()
         t_prox = time.perf_counter()
-        stats, total_loss, grad_norms, num_micro = LossStats(), 0.0, [], 0
+        stats, total_loss, grad_norms, num_micro, lr_scales = LossStats(), 0.0, [], 0, []
+        router = RouterLoss(self.router_coef) if has_router(self.model) else None
         for k, (minibatch, step) in enumerate(zip(minibatches, steps, strict=True)):
             # aggregation weights over this optimiser step's samples (loss.py), the same on every rank
             agg = step_weights(samples, minibatch, self.algo, batch.max_new_tokens)
+            minibatch_tokens = sum(lengths[i] for i in minibatch)  # every rank's: the weights sum to 1
             self.optimizer.zero_grad(set_to_none=True)
+            step_stats = LossStats()  # this optimiser step's on this rank: algo.ess_step reads them
             for mb in step:
                 num_micro += 1
-                logp, entropy = self._logprobs([samples[i] for i in mb], with_entropy=True)
+                logp, entropy = self._logprobs([samples[i] for i in mb], with_entropy=True, router=router)
                 if not mb:
                     (self._dummy * self.world).backward()
                     continue
@@ -250,17 +254,23 @@ class FSDPBackend:
                     ref_logp=torch.cat([ref[i] for i in mb]) if ref else None,
                     pre_logp=pre_step_logp(self.algo, prox_mb, logp_mb, first_minibatch=k == 0),
                 )
-                (loss * self.world).backward()
                 total_loss += float(loss.detach())
+                if router is not None:  # this micro-batch's own balancing loss (trainer/fsdp/moe.py)
+                    loss = loss + router.take(sum(lengths[i] for i in mb) / minibatch_tokens)
+                (loss * self.world).backward()
                 stats.add(mb_stats)
+                step_stats.add(mb_stats)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
             grad_norms.append(float(norm.full_tensor() if isinstance(norm, DTensor) else norm))
+            lr_scales.append(step_lr_scale(self.algo, self.optimizer, step_stats, sum_over_ranks))
             self.optimizer.step()
         t_end = time.perf_counter()
-        total_loss, stats, gap, num_micro = self._reduce(total_loss, stats, gap, num_micro)
+        total_loss, stats, gap, num_micro = reduce_step(total_loss, stats, gap, num_micro)
+        router_metrics = router_metrics_over_ranks(router, sum_over_ranks) if router is not None else {}
         return {
             "train/loss": total_loss / len(grad_norms),  # mean over the minibatches' token-mean losses
             "train/grad_norm": max(grad_norms),
+            "train/lr_scale": sum(lr_scales) / len(lr_scales),  # algo.ess_step (1 when off)
             "train/num_tokens": float(batch.num_output_tokens),
             "train/num_sequences": float(len(samples)),
             "train/num_microbatches": float(num_micro),
@@ -269,53 +279,23 @@ class FSDPBackend:
             "time/prox_logp_s": t_prox - t0,
             "time/train_s": t_end - t0,
             **stats.to_metrics(),
+            **router_metrics,
+            **(
+                {"train/routing_replay_token_fraction": replay_token_fraction(samples)} if self.replay else {}
+            ),
             **trainer_state_bytes(self.model, self.optimizer),  # this rank's shards
         }
 
-    def _reduce(
-        self, loss: float, stats: LossStats, gap: torch.Tensor, num_micro: int
-    ) -> tuple[float, LossStats, torch.Tensor, int]:
-        """Sums over the DP ranks (each rank saw only its share of the tokens); the maxima by max."""
-        sums = stats.sums()
-        row = torch.cat(
-            [torch.tensor([loss, *gap.tolist(), num_micro], dtype=torch.float64), torch.from_numpy(sums)]
-        )
-        maxes = torch.from_numpy(stats.maxes())
-        if self.world > 1:
-            dist.all_reduce(row)
-            dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-        total = LossStats.from_reduced(row[4:].numpy(), maxes.numpy())
-        return float(row[0]), total, row[1:3], int(row[3])
-
-    # ------------------------------------------------------------------ weights
-
-    def _exported_names(self) -> list[tuple[str, torch.Tensor]]:
-        assert self.model is not None, "call setup() first"
-        state = self.model.state_dict()
-        if self.tied:
-            state.pop("lm_head.weight", None)  # an HF checkpoint of a tied model stores only the embedding
-        return list(state.items())
+    # ------------------------------------------------------------------ weights (trainer/fsdp/export.py)
 
     def weight_specs(self) -> list[TensorSpec]:
-        if self.rank != 0:
-            return []
-        return [
-            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
-            for name, t in self._exported_names()
-            if not lora_adapters.is_adapter_key(name)  # LoRA: merged into their layers' weights
-        ]
+        assert self.model is not None, "call setup() first"
+        return fsdp_export.weight_specs(self.model, self.rank)
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Collective: every rank must call it. Rank 0 gets a generator of full tensors; the
-        others join every all-gather now and get nothing."""
-        full = ((name, _full(t)) for name, t in self._exported_names())
-        if self.rank == 0:
-            if self.lora.enabled:
-                return iter(lora_adapters.merged_state(dict(full), self.lora.scaling).items())
-            return full
-        for _ in full:
-            pass
-        return iter(())
+        """Collective: every rank must call it (rank 0 yields, the others join the gathers)."""
+        assert self.model is not None, "call setup() first"
+        return fsdp_export.iter_weights(self.model, self.rank, self.lora)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -329,7 +309,7 @@ class FSDPBackend:
 
     def save_hf(self, path: str) -> None:
         assert self.model is not None
-        tensors = dict(self.iter_weights())
+        tensors = dict(self.iter_weights())  # the checkpoint's names (per-expert for an MoE)
         if self.rank == 0:
             fsdp_state.write_hf(path, tensors, self.model.config, self.architecture, self.model_path)
         if self.world > 1:
@@ -338,17 +318,4 @@ class FSDPBackend:
     def save_adapter(self, path: str) -> None:
         """LoRA: the adapters alone as a PEFT directory (collective: every rank joins the gathers)."""
         assert self.model is not None and self.lora.enabled, "save_adapter needs model.lora.rank > 0"
-        adapters = {
-            name: _full(t)
-            for name, t in self.model.state_dict().items()
-            if lora_adapters.is_adapter_key(name)
-        }
-        if self.rank == 0:
-            base = str(Path(self.model_path).resolve())
-            lora_adapters.write_adapter_dir(path, adapters, self.lora, base)
-        if self.world > 1:
-            dist.barrier()
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+        fsdp_export.save_adapter(self.model, self.rank, self.lora, self.model_path, path)

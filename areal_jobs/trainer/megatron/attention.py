@@ -7,11 +7,11 @@ heads, GQA groups and the softmax scale come from Megatron's own bookkeeping, an
   - varlen: the micro-batch arrives as THD `PackedSeqParams` (microbatch.py), as it would for TE.
     Megatron's SelfAttention then drops the batch dimension (query [t, heads, d], key/value
     [t, groups, d]) and applies RoPE per sequence from cu_seqlens, so positions restart at 0 as
-    in Hugging Face; each sequence attends causally to itself (trainer/attention.py): Σ lᵢ²
+    in Hugging Face; each sequence attends causally to itself (trainer/forward/attention.py): Σ lᵢ²
     compute, no [T, T] mask. Returns [t, heads * d] (SelfAttention restores [t, 1, hidden]).
   - varlen_attn, flex (CUDA): the same THD micro-batch through torch's FlashAttention varlen
     kernel or compiled FlexAttention with a document mask built once per micro-batch
-    (trainer/packed_attention.py), every layer sharing it.
+    (trainer/forward/packed_attention.py), every layer sharing it.
   - dense: query [s, b, heads, d] with a bool [b, 1, s, s] block-diagonal causal mask (True =
     masked), through torch's fused scaled_dot_product_attention. On CPU the stock version took
     2.8x as long as the fused kernel for a train step of the built-in model.
@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 from areal_jobs.config import Attention
-from areal_jobs.trainer.attention import packed_causal_attention
-from areal_jobs.trainer.packed_attention import layout_of
+from areal_jobs.trainer.forward.attention import packed_causal_attention
+from areal_jobs.trainer.forward.packed_attention import layout_of
 
 
 class PackedCoreAttention(DotProductAttention):

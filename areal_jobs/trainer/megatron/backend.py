@@ -15,7 +15,7 @@ One `train_step`:
      with the policy's TP/PP layout (no DDP, no optimiser);
   3. per minibatch, forward/backward of the decoupled PPO loss over its micro-batches through
      Megatron's schedule (megatron/schedule.py). Each micro-batch's loss is already divided by
-     the output-token count of its minibatch (trainer/loss.py), so gradients are summed over
+     the output-token count of its minibatch (trainer/objective/loss.py), so gradients are summed over
      micro-batches and DP ranks, never averaged; then clipping at `trainer.grad_clip` and one
      AdamW step of Megatron's distributed optimizer.
 Log-probs and entropy: the last stage returns the final hidden states and megatron/head.py
@@ -27,7 +27,9 @@ TransformerEngine's attention or, without TE, for our per-sequence core attentio
 (megatron/attention.py: trainer.attention=varlen, varlen_attn or flex); trainer.attention=dense
 gives the local spec a block-diagonal causal [T, T] mask instead. trainer.recompute: Megatron's
 activation recomputation (model.recompute_settings). trainer.compile: each TransformerLayer
-compiled (trainer/layer_compile.py); trainer.logprob_kernel: the head's softmax side.
+compiled (trainer/forward/layer_compile.py); trainer.logprob_kernel: the head's softmax side.
+trainer.routing_replay=rollout: the policy's MoE routers take the samples' expert routes, packed
+with each micro-batch (megatron/routing_replay.py); the reference model keeps its own routing.
 
 Who does what: every method runs on every trainer rank at once. `weight_specs`/`iter_weights`
 gather TP shards collectively; the TP-rank-0, DP-rank-0 rank of each pipeline stage is that
@@ -55,20 +57,26 @@ from megatron.core.transformer.module import Float16Module
 
 from areal_jobs.api import TensorSpec
 from areal_jobs.config import AlgoConfig, Attention, DType, TrainerConfig
-from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.batch_broadcast import broadcast_train_batch
-from areal_jobs.trainer.dp_plan import plan_microbatches
-from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, megatron_decoder_layers
-from areal_jobs.trainer.logprobs import resolve_kernel
+from areal_jobs.trainer.forward.layer_compile import (
+    check_compile_device,
+    compile_layers,
+    megatron_decoder_layers,
+)
+from areal_jobs.trainer.forward.logprobs import resolve_kernel
+from areal_jobs.trainer.forward.packed_attention import check_attention_device
+from areal_jobs.trainer.forward.routing_replay import replay_token_fraction
+from areal_jobs.trainer.intake.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.intake.batch_broadcast import broadcast_train_batch
+from areal_jobs.trainer.intake.dp_plan import plan_microbatches
+from areal_jobs.trainer.intake.minibatches import prox_from_gradient_pass, split_minibatches, step_weights
 from areal_jobs.trainer.megatron import model as megatron_model
-from areal_jobs.trainer.megatron import schedule
+from areal_jobs.trainer.megatron import router_aux, routing_replay, schedule
 from areal_jobs.trainer.megatron import weights as megatron_weights
 from areal_jobs.trainer.megatron.convert import ModelDims, ParamMap, param_maps
 from areal_jobs.trainer.megatron.dist import init_distributed
 from areal_jobs.trainer.megatron.head import OutputHead
 from areal_jobs.trainer.megatron.microbatch import MicroBatch, build_microbatch
-from areal_jobs.trainer.minibatches import prox_from_gradient_pass, split_minibatches, step_weights
-from areal_jobs.trainer.packed_attention import check_attention_device
+from areal_jobs.trainer.objective.objectives import step_lr_scale
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +120,9 @@ class MegatronBackend:
             megatron_model.read_hf_config(self._model_path),
             vocab_multiple=cfg.megatron_vocab_multiple,
         )
-        self.dims.check_layout(cfg.tp_size, cfg.pp_size)
+        self.dims.check_layout(cfg.tp_size, cfg.pp_size, cfg.ep_size, cfg.expert_tp_size)
+        self._aux_coef = router_aux.resolve_router_coef(self.dims, cfg.router_aux_loss_coef)
+        self._experts = megatron_weights.ExpertLayout.current()
         self._use_te = megatron_model.use_transformer_engine()
         if self._use_te and cfg.attention is not Attention.varlen:
             raise ValueError(
@@ -136,6 +146,8 @@ class MegatronBackend:
             pp_size=cfg.pp_size,
             pp_rank=self._pp_rank,
             te_fused_norms=self._use_te,
+            ep_size=cfg.ep_size,
+            ep_rank=self._experts.ep_rank,
         )
         config = megatron_model.transformer_config(
             self.dims,
@@ -144,8 +156,13 @@ class MegatronBackend:
             params_dtype=self._dtype,
             use_te=self._use_te,
             recompute=cfg.recompute,
+            ep_size=cfg.ep_size,
+            expert_tp_size=cfg.expert_tp_size,
+            router_aux_loss_coef=self._aux_coef,
         )
+        self._config = config
         self._gpt = self._load_gpt(config)
+        self._replay = routing_replay.for_model(cfg, self.dims.is_moe, self._gpt, self._model_path)
         if cfg.compile:
             compile_layers(megatron_decoder_layers(self._gpt))
         module = Float16Module(config, self._gpt) if self._dtype != torch.float32 else self._gpt
@@ -160,7 +177,9 @@ class MegatronBackend:
                 pp_size=cfg.pp_size,
                 params_dtype=self._dtype,
                 use_te=self._use_te,
-            )  # no recompute: it never runs a backward
+                ep_size=cfg.ep_size,
+                expert_tp_size=cfg.expert_tp_size,
+            )  # no recompute, no load-balancing loss: it never runs a backward
             ref = self._load_gpt(ref_config).requires_grad_(False).eval()
             self._reference = Float16Module(ref_config, ref) if self._dtype != torch.float32 else ref
             self._ref_head = self._output_head(ref)
@@ -193,6 +212,7 @@ class MegatronBackend:
         return megatron_weights.load_gpt(
             self.dims, config, self._model_path, tp_size=cfg.tp_size, tp_rank=self._tp_rank,
             pp_size=cfg.pp_size, pp_rank=self._pp_rank, use_te=self._use_te, attention=cfg.attention,
+            experts=self._experts,
         )  # fmt: skip
 
     def _output_head(self, gpt) -> OutputHead:
@@ -229,6 +249,7 @@ class MegatronBackend:
                         [agg[minibatch[j]] for j in local],
                         device=self._device,
                         thd=self._thd,
+                        replay=self._replay is not None,
                     )
                     for local in plan[self._dp_rank]
                 ]
@@ -246,7 +267,7 @@ class MegatronBackend:
             need = [mb for k, step in enumerate(steps) if not (k == 0 and from_gradient_pass) for mb in step]
             if need:  # the same micro-batch count on every rank: the schedules stay in step
                 for mb, logp in schedule.forward_logp(
-                    self._ddp, self._head, need, fp32_output=self._fp32_output
+                    self._ddp, self._head, need, fp32_output=self._fp32_output, replay=self._replay
                 ):
                     mb.prox_logp = logp
         if self._reference is not None:
@@ -258,14 +279,30 @@ class MegatronBackend:
                 mb.ref_logp = logp
         prox_s = time.perf_counter() - start
 
-        outputs, grad_norms = [], []
-        for step in steps:
+        outputs, grad_norms, lr_scales, router_sums = [], [], [], []
+        for step, minibatch in zip(steps, minibatches, strict=True):
+            if self._aux_coef:  # megatron/router_aux.py: weighted per routed token, as the torch backend
+                routed = sum(lengths[i] for i in minibatch)
+                self._config.moe_aux_loss_coeff = router_aux.per_token_coef(self._aux_coef, routed)
+                router_aux.clear_tracked()
             self._ddp.zero_grad_buffer()
             self._optimizer.zero_grad()
-            outputs += schedule.run_schedule(
-                self._ddp, step, self._ppo_loss, forward_only=False, fp32_output=self._fp32_output
-            )
+            step_outputs = schedule.run_schedule(
+                self._ddp, step, self._ppo_loss, forward_only=False, fp32_output=self._fp32_output,
+                replay=self._replay,
+            )  # fmt: skip
+            outputs += step_outputs
+            if self._aux_coef:
+                router_sums.append(router_aux.tracked_sum())
             finalize_model_grads([self._ddp])
+            lr_scales.append(
+                step_lr_scale(
+                    self._algo,
+                    self._optimizer,
+                    schedule.step_stats(step_outputs),
+                    partial(schedule.sum_over_ranks, device=self._device),
+                )
+            )
             update_ok, grad_norm, _ = self._optimizer.step()
             if not update_ok:
                 raise RuntimeError("Megatron optimizer step was skipped (non-finite gradients)")
@@ -274,10 +311,20 @@ class MegatronBackend:
         metrics = schedule.reduce_metrics(
             outputs, microbatches, num_global_tokens=float(batch.num_output_tokens), device=self._device
         )
+        if router_sums:  # Megatron's definition, on the torch backend's scale (router_aux.py)
+            (total,) = schedule.sum_over_ranks([sum(router_sums)], device=self._device)
+            metrics["train/router_aux_loss"] = router_aux.logged_value(
+                total, self.dims, tp_size=self._cfg.tp_size, dp_size=self._cfg.dp_size,
+                microbatches=len(microbatches),
+            )  # fmt: skip
+            metrics["train/router_aux_loss_coef"] = self._aux_coef
+        if self._replay is not None:  # as the torch backend logs it
+            metrics["train/routing_replay_token_fraction"] = replay_token_fraction(samples)
         return {
             **metrics,
             "train/loss": metrics["train/loss"] / len(steps),  # mean over the minibatches' losses
             "train/grad_norm": max(grad_norms),
+            "train/lr_scale": sum(lr_scales) / len(lr_scales),  # algo.ess_step (1 when off)
             "train/num_tokens": float(batch.num_output_tokens),
             "train/num_sequences": float(len(batch.samples)),
             "train/num_microbatches": float(len(microbatches)),
@@ -287,18 +334,26 @@ class MegatronBackend:
         }
 
     @torch.no_grad()
-    def full_logits(self, sequences: Sequence[np.ndarray]) -> torch.Tensor | None:
+    def full_logits(
+        self, sequences: Sequence[np.ndarray], routes: Sequence[np.ndarray | None] | None = None
+    ) -> torch.Tensor | None:
         """Evaluation forward of packed sequences -> untempered logits over the HF vocab [T, V]
         (float32, the whole tensor: evaluation and tests only), on the last pipeline stage's
-        ranks (None on the others). Collective over all ranks."""
+        ranks (None on the others). Collective over all ranks. `routes` (one per sequence, with
+        trainer.routing_replay=rollout): the experts to replay."""
         empty = (np.zeros(0, np.float32), np.zeros(0, np.int32), 0.0, 0.0)
-        samples = [TrainSample("", np.asarray(s, np.int64), len(s), *empty) for s in sequences]
+        replay = self._replay is not None and routes is not None
+        samples = [
+            TrainSample("", np.asarray(s, np.int64), len(s), *empty, routes=r)
+            for s, r in zip(sequences, routes if replay else [None] * len(sequences), strict=True)
+        ]
         outputs = schedule.run_schedule(
             self._ddp,
-            [build_microbatch(samples, device=self._device, thd=self._thd)],
+            [build_microbatch(samples, device=self._device, thd=self._thd, replay=replay)],
             partial(schedule.logits_loss, self._head),
             forward_only=True,
             fp32_output=self._fp32_output,
+            replay=self._replay,
         )
         return outputs[0]["logits"] if outputs else None
 
@@ -310,17 +365,21 @@ class MegatronBackend:
     def weight_specs(self) -> list[TensorSpec]:
         if self._dp_rank != 0 or self._tp_rank != 0:
             return []
-        return megatron_weights.hf_specs(self._exported_maps(), self.dims, self._dtype)
+        return megatron_weights.hf_specs(self._exported_maps(), self.dims, self._dtype, self._cfg.ep_size)
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Senders get a generator; the other TP ranks of DP rank 0 join the gathers eagerly
-        (their call returns once the sender has iterated everything)."""
-        if self._dp_rank != 0:
+        """Senders get a generator; the other TP ranks of DP rank 0 and, for an MoE, the other
+        expert ranks of expert-DP rank 0 join the gathers eagerly (their call returns once the
+        sender has iterated everything)."""
+        dense = self._dp_rank == 0
+        experts = self.dims.is_moe and self._experts.edp_rank == 0
+        if not dense and not experts:
             return iter(())
         tensors = megatron_weights.gathered_hf_tensors(
-            self._gpt, self._exported_maps(), self.dims, self._dtype, self._cfg.tp_size, self._tp_rank
-        )
-        if self._tp_rank == 0:
+            self._gpt, self._exported_maps(), self.dims, self._dtype, self._cfg.tp_size, self._tp_rank,
+            dense=dense, experts=self._experts,
+        )  # fmt: skip
+        if dense and self._tp_rank == 0:
             return tensors
         for _ in tensors:
             pass

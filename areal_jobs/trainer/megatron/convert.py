@@ -1,4 +1,4 @@
-"""Hugging Face <-> Megatron-Core state-dict adapter for the Llama, Qwen2 and Qwen3 families.
+"""Hugging Face <-> Megatron-Core state-dict adapter for the Llama, Qwen2, Qwen3 and Qwen3-MoE families.
 
 Pure tensor code (torch only, no megatron, no distributed), so every rule is unit-testable.
 Shapes: h hidden, f ffn, d head_dim, n_q attention heads, n_g KV heads (query groups),
@@ -8,6 +8,11 @@ q = n_q / n_g query heads per group, V vocab, Vp padded vocab.
       -> Megatron linear_qkv [n_g*(q+2)*d, h]: per group, its q query heads, its key, its value
   HF gate_proj / up_proj [f, h] -> Megatron linear_fc1 [2f, h]; TP rank r holds [gate_r; up_r]
   HF embed_tokens / lm_head [V, h] -> [Vp, h], padded with zero rows (see `padded_vocab_size`)
+  Qwen3-MoE (E experts of ffn size m): HF mlp.gate [E, h] -> the router `mlp.router.weight`
+      (replicated); expert e's gate_proj / up_proj / down_proj -> `mlp.experts.local_experts.{i}.
+      linear_fc1` [2m, h] / `linear_fc2` [h, m] (SequentialMLP: grouped GEMM off), on expert-parallel
+      rank e // (E / ep) as its local expert i = e % (E / ep); each expert split over the expert-TP
+      ranks as a dense MLP is over TP
 
 Tensor parallelism: column-parallel weights (qkv, fc1, embedding, output layer) are split along
 dim 0, row-parallel ones (attention proj, fc2) along dim 1, norms are replicated. Splitting the
@@ -23,12 +28,12 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
 class Kind(enum.Enum):
@@ -58,10 +63,21 @@ class ModelDims:
     norm_eps: float
     rope_theta: float
     max_position_embeddings: int
+    o_bias: bool = False  # attention_bias (Llama, Qwen3, Qwen3-MoE): o_proj has a bias too
+    # mixture of experts (Qwen3-MoE): every layer's MLP is `num_experts` experts, `moe_topk` per token
+    num_experts: int = 0  # 0 = dense
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = False  # the top-k weights renormalised to sum to 1
+    router_aux_loss_coef: float = 0.0  # the model config's load-balancing weight
 
     @property
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any], *, vocab_multiple: int = 128) -> ModelDims:
@@ -71,8 +87,8 @@ class ModelDims:
             raise ValueError(f"trainer=megatron supports model_type {FAMILIES}, got {family!r}")
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act={cfg.get('hidden_act')!r} is not supported (only silu)")
-        if (cfg.get("attention_bias") and family != "qwen2") or cfg.get("mlp_bias"):
-            raise ValueError("attention_bias / mlp_bias on o_proj or the MLP is not supported")
+        if cfg.get("mlp_bias"):
+            raise ValueError("mlp_bias is not supported by trainer=megatron")
         if cfg.get("use_sliding_window"):
             raise ValueError("sliding-window attention is not supported by trainer=megatron")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -82,6 +98,7 @@ class ModelDims:
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         vocab = int(cfg["vocab_size"])
+        attention_bias = bool(cfg.get("attention_bias")) and family != "qwen2"
         return cls(
             family=family,
             num_layers=int(cfg["num_hidden_layers"]),
@@ -93,15 +110,37 @@ class ModelDims:
             vocab_size=vocab,
             padded_vocab_size=padded_vocab_size(vocab, vocab_multiple),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2",
-            qk_norm=family == "qwen3",
+            qkv_bias=family == "qwen2" or attention_bias,
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            o_bias=attention_bias,
+            **(_moe_fields(cfg) if family == "qwen3_moe" else {}),
         )
 
-    def check_layout(self, tp_size: int, pp_size: int) -> None:
+    def check_layout(self, tp_size: int, pp_size: int, ep_size: int = 1, expert_tp_size: int = 1) -> None:
         """Raise ValueError (naming the override) when the model cannot be split this way."""
+        if not self.is_moe and ep_size * expert_tp_size > 1:
+            raise ValueError(
+                f"trainer.ep_size={ep_size} / trainer.expert_tp_size={expert_tp_size}: the model is dense "
+                "(no experts); set both to 1"
+            )
+        if self.is_moe and tp_size > 1:
+            # megatron-core's MoE layer raises in training when TP > 1 runs without sequence
+            # parallelism, which the trainer does not turn on (the local spec's norms reject it)
+            raise ValueError(
+                f"trainer.tp_size={tp_size} with a mixture of experts: Megatron's MoE layer trains under tensor "
+                "parallelism only with sequence parallelism, which trainer=megatron does not enable; set "
+                "trainer.tp_size=1 and split with trainer.ep_size, trainer.pp_size and trainer.dp_size"
+            )
+        if self.is_moe and self.num_experts % ep_size:
+            raise ValueError(f"trainer.ep_size={ep_size} must divide the model's {self.num_experts} experts")
+        if self.is_moe and self.moe_ffn_hidden_size % expert_tp_size:
+            raise ValueError(
+                f"trainer.expert_tp_size={expert_tp_size} must divide moe_intermediate_size="
+                f"{self.moe_ffn_hidden_size}"
+            )
         if self.num_kv_heads % tp_size or self.num_heads % tp_size:
             raise ValueError(
                 f"trainer.tp_size={tp_size} must divide the {self.num_kv_heads} KV heads and "
@@ -111,6 +150,24 @@ class ModelDims:
             raise ValueError(f"trainer.tp_size={tp_size} must divide the FFN size and padded vocab")
         if self.num_layers % pp_size:
             raise ValueError(f"trainer.pp_size={pp_size} must divide num_hidden_layers={self.num_layers}")
+
+
+def _moe_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelDims' expert fields from a Qwen3-MoE config; refuses what the adapter does not map."""
+    if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
+        raise ValueError(
+            "trainer=megatron maps Qwen3-MoE models whose every layer is sparse: mlp_only_layers="
+            f"{cfg.get('mlp_only_layers')}, decoder_sparse_step={cfg.get('decoder_sparse_step')} are not supported"
+        )
+    if cfg.get("shared_expert_intermediate_size"):
+        raise ValueError("shared experts are not supported by trainer=megatron (Qwen3-MoE has none)")
+    return dict(
+        num_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]),
+        moe_topk=int(cfg["num_experts_per_tok"]),
+        moe_ffn_hidden_size=int(cfg["moe_intermediate_size"]),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.0)),
+    )
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -127,6 +184,26 @@ class ParamMap:
     kind: Kind
     hf_names: tuple[str, ...]
     exported: bool = True  # False for the last stage's copy of a tied embedding
+    expert: int | None = None  # a routed expert's weight: its global index (split over EP and expert TP)
+
+
+def expert_name(layer: int, expert: int, proj: str) -> str:
+    return f"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+
+
+def experts_per_rank(dims: ModelDims, ep_size: int) -> int:
+    return dims.num_experts // ep_size
+
+
+def ep_peer(pm: ParamMap, dims: ModelDims, ep_size: int, ep_rank: int) -> ParamMap:
+    """`pm` (an expert's weight) as expert-parallel rank `ep_rank` holds it: the same local
+    Megatron name, the HF names of that rank's expert in the same local slot."""
+    assert pm.expert is not None, pm
+    local = pm.expert % experts_per_rank(dims, ep_size)
+    expert = ep_rank * experts_per_rank(dims, ep_size) + local
+    layer = int(pm.hf_names[0].split(".")[2])
+    projs = ("gate_proj", "up_proj") if pm.kind is Kind.gate_up else ("down_proj",)
+    return replace(pm, hf_names=tuple(expert_name(layer, expert, p) for p in projs), expert=expert)
 
 
 def stage_layers(dims: ModelDims, pp_size: int, pp_rank: int) -> range:
@@ -135,8 +212,11 @@ def stage_layers(dims: ModelDims, pp_size: int, pp_rank: int) -> range:
     return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
 
 
-def param_maps(dims: ModelDims, *, pp_size: int, pp_rank: int, te_fused_norms: bool) -> list[ParamMap]:
-    """Every parameter of one stage, in GPTModel.named_parameters() order.
+def param_maps(
+    dims: ModelDims, *, pp_size: int, pp_rank: int, te_fused_norms: bool, ep_size: int = 1, ep_rank: int = 0
+) -> list[ParamMap]:
+    """Every parameter of one stage (and, for an MoE, of one expert-parallel rank's experts), in
+    GPTModel.named_parameters() order.
 
     `te_fused_norms`: the TransformerEngine spec fuses the pre-attention and pre-MLP norms into
     the following linear (`linear_qkv.layer_norm_weight`, `linear_fc1.layer_norm_weight`).
@@ -169,6 +249,10 @@ def param_maps(dims: ModelDims, *, pp_size: int, pp_rank: int, te_fused_norms: b
                 (attn + "o_proj.weight",),
             )
         )
+        if dims.o_bias:  # row-parallel: the bias is added once, after the reduction
+            maps.append(
+                ParamMap(mg + "self_attention.linear_proj.bias", Kind.replicated, (attn + "o_proj.bias",))
+            )
         if dims.qk_norm:
             for m, h in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):
                 maps.append(
@@ -178,7 +262,9 @@ def param_maps(dims: ModelDims, *, pp_size: int, pp_rank: int, te_fused_norms: b
                         (f"{attn}{h}.weight",),
                     )
                 )
-        mlp_norm = "mlp.linear_fc1.layer_norm_weight" if te_fused_norms else "pre_mlp_layernorm.weight"
+        # an MoE layer's norm stays a module of its own under TE too (no linear to fuse it into)
+        fused_mlp_norm = te_fused_norms and not dims.is_moe
+        mlp_norm = "mlp.linear_fc1.layer_norm_weight" if fused_mlp_norm else "pre_mlp_layernorm.weight"
         maps.append(
             ParamMap(
                 mg + mlp_norm,
@@ -186,6 +272,9 @@ def param_maps(dims: ModelDims, *, pp_size: int, pp_rank: int, te_fused_norms: b
                 (hf + "post_attention_layernorm.weight",),
             )
         )
+        if dims.is_moe:
+            maps += _expert_maps(dims, mg, layer, ep_size, ep_rank)
+            continue
         gate_up = (mlp + "gate_proj.weight", mlp + "up_proj.weight")
         maps.append(ParamMap(mg + "mlp.linear_fc1.weight", Kind.gate_up, gate_up))
         maps.append(ParamMap(mg + "mlp.linear_fc2.weight", Kind.row, (mlp + "down_proj.weight",)))
@@ -211,6 +300,23 @@ def param_maps(dims: ModelDims, *, pp_size: int, pp_rank: int, te_fused_norms: b
     return maps
 
 
+def _expert_maps(dims: ModelDims, mg: str, layer: int, ep_size: int, ep_rank: int) -> list[ParamMap]:
+    """One MoE layer's router and this expert-parallel rank's experts."""
+    maps = [ParamMap(mg + "mlp.router.weight", Kind.replicated, (f"model.layers.{layer}.mlp.gate.weight",))]
+    per_rank = experts_per_rank(dims, ep_size)
+    for local in range(per_rank):
+        expert = ep_rank * per_rank + local
+        fc = f"{mg}mlp.experts.local_experts.{local}."
+        gate_up = (expert_name(layer, expert, "gate_proj"), expert_name(layer, expert, "up_proj"))
+        maps.append(ParamMap(fc + "linear_fc1.weight", Kind.gate_up, gate_up, expert=expert))
+        maps.append(
+            ParamMap(
+                fc + "linear_fc2.weight", Kind.row, (expert_name(layer, expert, "down_proj"),), expert=expert
+            )
+        )
+    return maps
+
+
 def hf_shapes(pm: ParamMap, dims: ModelDims) -> list[tuple[int, ...]]:
     """Shapes of `pm.hf_names` in an HF checkpoint."""
     h, d = dims.hidden_size, dims.head_dim
@@ -220,11 +326,14 @@ def hf_shapes(pm: ParamMap, dims: ModelDims) -> list[tuple[int, ...]]:
         rows = (dims.num_heads * d, dims.num_kv_heads * d, dims.num_kv_heads * d)
         bias = pm.megatron_name.endswith(".bias")
         return [(r,) if bias else (r, h) for r in rows]
+    ffn = dims.moe_ffn_hidden_size if pm.expert is not None else dims.ffn_hidden_size
     if pm.kind is Kind.gate_up:
-        return [(dims.ffn_hidden_size, h)] * 2
+        return [(ffn, h)] * 2
     if pm.kind is Kind.row:
-        cols = dims.num_heads * d if "linear_proj" in pm.megatron_name else dims.ffn_hidden_size
+        cols = dims.num_heads * d if "linear_proj" in pm.megatron_name else ffn
         return [(h, cols)]
+    if pm.megatron_name.endswith("mlp.router.weight"):
+        return [(dims.num_experts, h)]
     qk_norm = pm.megatron_name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
     return [(d,)] if qk_norm else [(h,)]
 
@@ -300,10 +409,24 @@ def hf_to_megatron_shard(
     pp_size: int,
     pp_rank: int,
     te_fused_norms: bool = False,
+    ep_size: int = 1,
+    ep_rank: int = 0,
+    expert_tp_size: int = 1,
+    expert_tp_rank: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """This rank's Megatron parameters (local names) from HF tensors fetched by name."""
+    """This rank's Megatron parameters (local names) from HF tensors fetched by name: dense
+    weights split over TP, experts' over expert TP."""
     out: dict[str, torch.Tensor] = {}
-    for pm in param_maps(dims, pp_size=pp_size, pp_rank=pp_rank, te_fused_norms=te_fused_norms):
+    maps = param_maps(
+        dims,
+        pp_size=pp_size,
+        pp_rank=pp_rank,
+        te_fused_norms=te_fused_norms,
+        ep_size=ep_size,
+        ep_rank=ep_rank,
+    )
+    for pm in maps:
         full = hf_to_full(pm, [get_hf(n) for n in pm.hf_names], dims)
-        out[pm.megatron_name] = split_tp(pm, full, tp_size)[tp_rank].contiguous()
+        size, rank = (expert_tp_size, expert_tp_rank) if pm.expert is not None else (tp_size, tp_rank)
+        out[pm.megatron_name] = split_tp(pm, full, size)[rank].contiguous()
     return out

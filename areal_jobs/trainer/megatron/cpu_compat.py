@@ -11,7 +11,8 @@ built without CUDA all of these raise, and no TransformerConfig flag avoids them
   2. a process-wide TorchFunctionMode that rewrites `device="cuda"`/`"cuda:N"`/int to CPU, makes
      `Tensor.cuda()`/`pin_memory()` return the tensor, and reports `Tensor.type()` with a
      `torch.cuda.` prefix (Megatron asserts on those strings);
-  3. Megatron's RNG tracker reads and writes the CPU generator.
+  3. Megatron's RNG tracker reads and writes the CPU generator;
+  4. the MoE alltoall token dispatcher's split sizes become host numpy arrays, as on GPU.
 
 It is switched on only by `enable()`, which refuses to run when a CUDA device exists; GPU code
 paths never import this module. It is a compatibility layer for CPU development and tests, not a
@@ -50,6 +51,8 @@ class _NoOpCudaObject:
         pass
 
     def __getattr__(self, name: str):
+        if name == "record_event":  # the MoE alltoall dispatcher synchronizes on the event it records
+            return lambda *args, **kwargs: _NoOpCudaObject()
         return lambda *args, **kwargs: None
 
     def __enter__(self) -> Self:
@@ -104,6 +107,47 @@ def _patch_megatron_rng() -> None:
     megatron_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
+def _patch_megatron_moe() -> None:
+    """The MoE alltoall dispatcher moves its split sizes to the host as numpy arrays
+    (`maybe_move_tensor_to_cpu(..., as_numpy=True)`), but only for CUDA tensors: on CPU they stay
+    tensors, which `all_to_all_single` rejects ("incompatible function arguments")."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if as_numpy and torch.is_tensor(tensor):
+            return tensor.detach().numpy()
+        return tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = to_host
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+    # The dispatcher's all-to-all allocates its output on `torch.cuda.current_device()`; its
+    # backward (another all-to-all) runs inside the autograd engine, where the process-wide mode
+    # is not on: run the forward under the mode, whoever calls it.
+    from megatron.core.tensor_parallel import mappings
+
+    all_to_all_forward = mappings._AllToAll.forward
+
+    def forward_on_cpu(ctx, *args):
+        with _CudaToCpuMode():
+            return all_to_all_forward(ctx, *args)
+
+    mappings._AllToAll.forward = staticmethod(forward_on_cpu)
+
+    # trainer.recompute=full runs each layer's forward again inside the autograd engine, without
+    # the mode, and the router's gating moves a CPU weight to `torch.cuda.current_device()`: the
+    # same wrapping for the recompute
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    recompute_backward = megatron_random.CheckpointFunction.backward
+
+    def backward_on_cpu(ctx, *args):
+        with _CudaToCpuMode():
+            return recompute_backward(ctx, *args)
+
+    megatron_random.CheckpointFunction.backward = staticmethod(backward_on_cpu)
+
+
 def enable() -> None:
     """Switch the compatibility layer on for this process (idempotent). CPU-only machines only."""
     global _mode
@@ -113,6 +157,7 @@ def enable() -> None:
         raise RuntimeError("megatron_cpu_compat must not be enabled on a machine with a CUDA device")
     _patch_torch_cuda()
     _patch_megatron_rng()
+    _patch_megatron_moe()
     _mode = _CudaToCpuMode()
     _mode.__enter__()  # stays on for the life of the process (torch function modes are per thread)
     logger.info("Megatron-Core CPU compatibility layer enabled (no CUDA device)")

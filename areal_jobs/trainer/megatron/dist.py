@@ -3,6 +3,7 @@ Megatron's model-parallel state, set up once per trainer rank and torn down at t
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -10,7 +11,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
 from areal_jobs.config import TrainerConfig
-from areal_jobs.trainer.process_group import join_default_group
+from areal_jobs.trainer.dist.process_group import join_default_group
 
 
 def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) -> None:
@@ -25,6 +26,13 @@ def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) 
     rank 0 waits for a batch: by default trainer.batch_wait_timeout_s + 600.
     """
     expected = trainer.tp_size * trainer.pp_size * trainer.dp_size
+    experts = trainer.ep_size * trainer.expert_tp_size
+    if (trainer.tp_size * trainer.dp_size) % experts:  # TrainerConfig checks it only once dp_size > 1
+        raise ValueError(
+            f"trainer.ep_size={trainer.ep_size} x trainer.expert_tp_size={trainer.expert_tp_size} must divide "
+            f"trainer.tp_size={trainer.tp_size} x trainer.dp_size={trainer.dp_size} (the expert grid folds onto "
+            f"those ranks): set trainer.dp_size={experts // math.gcd(experts, trainer.tp_size)} or a multiple"
+        )
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
@@ -39,8 +47,13 @@ def init_distributed(trainer: TrainerConfig, *, timeout_s: float | None = None) 
         f"trainer.tp_size * pp_size * dp_size = {trainer.tp_size} * {trainer.pp_size} * {trainer.dp_size}",
     )
     if not parallel_state.model_parallel_is_initialized():
+        # the expert grid (expert TP x EP x expert DP per stage) folds onto the same ranks as the
+        # dense one: trainer.ep_size x expert_tp_size divides tp x dp (TrainerConfig checks it)
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=trainer.tp_size, pipeline_model_parallel_size=trainer.pp_size
+            tensor_model_parallel_size=trainer.tp_size,
+            pipeline_model_parallel_size=trainer.pp_size,
+            expert_model_parallel_size=trainer.ep_size,
+            expert_tensor_parallel_size=trainer.expert_tp_size,
         )
     tensor_parallel.model_parallel_cuda_manual_seed(trainer.seed)
 

@@ -3,7 +3,7 @@
 The GPTModel (model.HiddenStateGPTModel) stops at the final norm on the last pipeline stage; the
 output layer's weight (the word embedding's when tied, this stage's copy of it under PP) is applied
 here, vocab-parallel over the TP group, `trainer.logprob_chunk_tokens` output positions at a time
-(trainer/logprobs.py; with trainer.logprob_kernel=triton its softmax side is the fused Triton
+(trainer/forward/logprobs.py; with trainer.logprob_kernel=triton its softmax side is the fused Triton
 kernels, each shard's partial statistics combined over TP), only where the next token is an output token. The padded vocabulary columns
 are left out, so the softmax is over the HF vocabulary exactly; the logits are divided by the
 sampling temperature. `logprob_chunk_tokens=0` keeps the full-vocabulary path as it was (every
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 
-from areal_jobs.trainer.logprobs import head_logprobs
+from areal_jobs.trainer.forward.logprobs import head_logprobs
 from areal_jobs.trainer.megatron.convert import ModelDims
 from areal_jobs.trainer.megatron.microbatch import MicroBatch
 

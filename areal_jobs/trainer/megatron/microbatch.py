@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from areal_jobs.data.packing import pack
-from areal_jobs.trainer.batch import TrainSample
+from areal_jobs.trainer.intake.batch import TrainSample
+from areal_jobs.trainer.intake.packing import pack
+from areal_jobs.trainer.megatron.routing_replay import packed_routes
 
 
 @dataclass
@@ -36,6 +37,7 @@ class MicroBatch:
     prox_logp: torch.Tensor | None = None  # float32 [n]: before the gradient pass, or in it (current)
     ref_logp: torch.Tensor | None = None  # float32 [n]: the reference model's (algo.kl_coef > 0)
     first_minibatch: bool = False  # its gradient pass runs the pre-step weights (offpolicy/* stats)
+    routes: torch.Tensor | None = None  # int64 [T, layers, top_k]: replayed experts (routing_replay.py)
 
     @property
     def num_tokens(self) -> int:
@@ -48,10 +50,12 @@ def build_microbatch(
     *,
     device: torch.device | None,
     thd: bool,
+    replay: bool = False,
 ) -> MicroBatch:
-    """Pack `samples` into one row; `agg` are their loss-aggregation weights (trainer/loss.py).
+    """Pack `samples` into one row; `agg` are their loss-aggregation weights (trainer/objective/loss.py).
     `thd`: boundaries as PackedSeqParams, else a dense mask. An empty list gives a one-token
-    dummy: every DP rank runs the same number of micro-batches."""
+    dummy: every DP rank runs the same number of micro-batches. `replay`
+    (trainer.routing_replay=rollout): the samples' expert routes packed as the row's tokens."""
     dev = device
     if not samples:  # an empty micro-batch keeps every DP rank's schedule the same length
         seqs, prompts = [np.zeros(1, dtype=np.int64)], [1]
@@ -102,4 +106,7 @@ def build_microbatch(
         seq_index=torch.as_tensor(seq_index, dtype=torch.int64, device=dev),
         attention_mask=mask,
         packed_seq_params=psp,
+        routes=packed_routes([s.routes for s in samples], [len(q) for q in seqs], dev)
+        if replay and samples
+        else None,
     )

@@ -1,10 +1,18 @@
-"""Megatron-Core GPTModel from a Hugging Face config: Llama, Qwen2 and Qwen3 families.
+"""Megatron-Core GPTModel from a Hugging Face config: Llama, Qwen2, Qwen3 and Qwen3-MoE families.
 
 The layer spec is TransformerEngine's when CUDA and TE are both present (fused norms and
 linears, THD packed attention) and Megatron's local spec otherwise (CPU, or GPU without TE),
 with our core attention (attention.py): per-sequence over THD packed micro-batches, or dense-masked.
 `trainer.recompute` maps onto Megatron's own activation recomputation (`recompute_settings`).
 Megatron initialises the weights; the backend then copies them in from the HF checkpoint.
+
+Qwen3-MoE: Megatron's MoE layer (`moe_settings`) with the HF router's numerics: softmax router in
+fp32, top-k, the top-k weights renormalised when `norm_topk_prob` (Megatron: top-k of the logits,
+then softmax over those k) or not (softmax over all experts, then top-k: `moe_router_pre_softmax`);
+no shared experts, no token dropping (capacity factor none), experts as a SequentialMLP of plain
+linears (grouped GEMM off: the names convert.py maps, and the only expert kernel without TE), tokens
+sent to their experts' expert-parallel ranks by the alltoall dispatcher (all_to_all_single over the
+EP group: gloo implements it for CPU tensors, with megatron/cpu_compat.py's fixes).
 """
 
 from __future__ import annotations
@@ -51,10 +59,16 @@ def transformer_config(
     params_dtype: torch.dtype,
     use_te: bool,
     recompute: Recompute = Recompute.none,
+    ep_size: int = 1,
+    expert_tp_size: int = 1,
+    router_aux_loss_coef: float = 0.0,
 ) -> TransformerConfig:
-    """Megatron's TransformerConfig for an HF Llama/Qwen2/Qwen3 architecture."""
+    """Megatron's TransformerConfig for an HF Llama/Qwen2/Qwen3/Qwen3-MoE architecture."""
     return TransformerConfig(
         **recompute_settings(recompute),
+        **moe_settings(
+            dims, ep_size=ep_size, expert_tp_size=expert_tp_size, aux_loss_coef=router_aux_loss_coef
+        ),
         num_layers=dims.num_layers,
         hidden_size=dims.hidden_size,
         ffn_hidden_size=dims.ffn_hidden_size,
@@ -81,11 +95,11 @@ def transformer_config(
         # Weights are overwritten from the HF checkpoint, but initialisation must still run: it is
         # what tags TP-split weights (`tensor_model_parallel`), which the grad norm relies on.
         perform_initialization=True,
-        # The loss is already normalised by the global token count (trainer/loss.py): Megatron
+        # The loss is already normalised by the global token count (trainer/objective/loss.py): Megatron
         # must neither divide by the micro-batch count nor average gradients over DP ranks.
         calculate_per_token_loss=True,
         variable_seq_lengths=pp_size > 1,  # packed micro-batches differ in length
-        moe_token_dispatcher_type="alltoall",  # no MoE; the default "allgather" rejects variable lengths
+        moe_token_dispatcher_type="alltoall",  # also for dense: the default "allgather" rejects variable lengths
         # Fused kernels exist only with TE/apex on GPU; the local spec rejects them.
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
@@ -94,6 +108,34 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         apply_rope_fusion=use_te,
         sequence_parallel=False,
+    )
+
+
+def moe_settings(
+    dims: ModelDims, *, ep_size: int, expert_tp_size: int, aux_loss_coef: float
+) -> dict[str, Any]:
+    """TransformerConfig fields of a Qwen3-MoE model (none for a dense one).
+
+    The load-balancing loss is Megatron's ("aux_loss": per layer, E * sum_e f_e * P_e with f_e the
+    share of the top-k assignments, 1.0 when balanced, summed over the layers); `aux_loss_coef` is
+    its weight per routed token (the backend sets it per minibatch: megatron/backend.py)."""
+    if not dims.is_moe:
+        return {}
+    return dict(
+        num_moe_experts=dims.num_experts,
+        moe_router_topk=dims.moe_topk,
+        moe_ffn_hidden_size=dims.moe_ffn_hidden_size,
+        moe_router_pre_softmax=not dims.norm_topk_prob,
+        moe_router_score_function="softmax",
+        moe_router_dtype="fp32",  # HF's router softmax is fp32 too
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=aux_loss_coef,
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        moe_router_fusion=False,
+        moe_shared_expert_intermediate_size=None,
+        expert_model_parallel_size=ep_size,
+        expert_tensor_parallel_size=expert_tp_size,
     )
 
 
@@ -115,12 +157,36 @@ def recompute_settings(recompute: Recompute) -> dict[str, Any]:
 
 
 def layer_spec(dims: ModelDims, *, use_te: bool, attention: Attention = Attention.varlen) -> ModuleSpec:
+    experts = {"num_experts": dims.num_experts, "moe_grouped_gemm": False} if dims.is_moe else {}
     if use_te:
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_norm)
-    spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization="RMSNorm")
-    core = ModuleSpec(module=PackedCoreAttention, params={"kind": attention})
-    spec.submodules.self_attention.submodules.core_attention = core
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_norm, **experts)
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_norm, normalization="RMSNorm", **experts)
+        core = ModuleSpec(module=PackedCoreAttention, params={"kind": attention})
+        spec.submodules.self_attention.submodules.core_attention = core
+    if dims.o_bias:  # HF attention_bias: o_proj has one; Megatron's add_bias_linear would bias every linear
+        proj = spec.submodules.self_attention.submodules
+        proj.linear_proj = _with_bias(proj.linear_proj)
     return spec
+
+
+def _with_bias(linear: type) -> type:
+    """`linear` (a row-parallel linear class) built with a bias whatever the config says."""
+
+    def __init__(self, *args, bias: bool, **kwargs):
+        linear.__init__(self, *args, bias=True, **kwargs)
+
+    return type(f"Biased{linear.__name__}", (linear,), {"__init__": __init__})
+
+
+def _router_gemm_without_te() -> None:
+    """megatron-core 0.16.1's router linear tests `te_general_gemm is not None`, a name its module
+    defines only when TransformerEngine imports: without TE (CPU, or a GPU without TE) the MoE
+    router's forward raises NameError. None selects its own torch.mm path."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 class HiddenStateGPTModel(GPTModel):
@@ -153,6 +219,8 @@ def build_gpt(
 ) -> GPTModel:
     """This pipeline stage's GPTModel (model-parallel state must be initialised); the last stage
     returns hidden states, not logits (HiddenStateGPTModel)."""
+    if dims.is_moe:
+        _router_gemm_without_te()
     return HiddenStateGPTModel(
         config=config,
         transformer_layer_spec=layer_spec(dims, use_te=use_te, attention=attention),

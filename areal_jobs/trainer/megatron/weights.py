@@ -3,7 +3,9 @@ out, and Megatron dist checkpoints of model + distributed optimizer.
 
 HF -> Megatron: each rank reads only the HF tensors its own TP/PP shard needs (lazily, by name)
 and the adapter in megatron_convert.py lays them out. Megatron -> HF: each exported parameter
-is all-gathered over the TP group, merged and converted; the stage's TP rank 0 yields it.
+is all-gathered over the TP group, merged and converted; the stage's TP rank 0 yields it. An
+expert's weight is all-gathered over the expert-TP group, then over the expert-parallel group
+(each EP rank holds its own experts in the same local slots), so the sender yields every expert.
 Dist checkpoints store the optimizer state in model space (`fully_reshardable`), so a
 checkpoint saved at one TP/PP/DP layout loads at another.
 """
@@ -14,6 +16,7 @@ import contextlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +30,7 @@ from areal_jobs.config import Attention
 from areal_jobs.trainer.megatron.convert import (
     ModelDims,
     ParamMap,
+    ep_peer,
     full_to_hf,
     hf_shapes,
     hf_to_megatron_shard,
@@ -76,8 +80,10 @@ def load_hf_weights(
     pp_size: int,
     pp_rank: int,
     te_fused_norms: bool,
+    experts: ExpertLayout | None = None,
 ) -> None:
     """Copy this rank's shard of the HF checkpoint into the (unwrapped) GPTModel."""
+    experts = experts or ExpertLayout()
     shard = hf_to_megatron_shard(
         SafetensorsReader(model_path).get,
         dims,
@@ -86,6 +92,10 @@ def load_hf_weights(
         pp_size=pp_size,
         pp_rank=pp_rank,
         te_fused_norms=te_fused_norms,
+        ep_size=experts.ep_size,
+        ep_rank=experts.ep_rank,
+        expert_tp_size=experts.etp_size,
+        expert_tp_rank=experts.etp_rank,
     )
     params = dict(gpt.named_parameters())
     if set(params) != set(shard):
@@ -102,24 +112,64 @@ def load_hf_weights(
 
 
 def load_gpt(dims: ModelDims, config, model_path: str, *, tp_size: int, tp_rank: int, pp_size: int,
-             pp_rank: int, use_te: bool, attention: Attention = Attention.varlen) -> torch.nn.Module:  # fmt: skip
-    """This stage's GPTModel built from `config` with the HF weights (its TP shards)."""
+             pp_rank: int, use_te: bool, attention: Attention = Attention.varlen,
+             experts: ExpertLayout | None = None) -> torch.nn.Module:  # fmt: skip
+    """This stage's GPTModel built from `config` with the HF weights (its TP and EP shards)."""
     gpt = build_gpt(dims, config, use_te=use_te, attention=attention)
     load_hf_weights(
         gpt, model_path, dims, tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
-        te_fused_norms=use_te,
+        te_fused_norms=use_te, experts=experts,
     )  # fmt: skip
     return gpt
 
 
-def hf_specs(maps: list[ParamMap], dims: ModelDims, dtype: torch.dtype) -> list[TensorSpec]:
+@dataclass(frozen=True)
+class ExpertLayout:
+    """This rank's place in the expert grid (parallel_state's expert groups)."""
+
+    ep_size: int = 1
+    ep_rank: int = 0
+    etp_size: int = 1
+    etp_rank: int = 0
+    edp_rank: int = 0  # expert-data-parallel rank: 0 = the replica whose experts are exported
+
+    @classmethod
+    def current(cls) -> ExpertLayout:
+        ps = parallel_state
+        return cls(
+            ep_size=ps.get_expert_model_parallel_world_size(),
+            ep_rank=ps.get_expert_model_parallel_rank(),
+            etp_size=ps.get_expert_tensor_parallel_world_size(),
+            etp_rank=ps.get_expert_tensor_parallel_rank(),
+            edp_rank=ps.get_expert_data_parallel_rank(),
+        )
+
+
+def all_experts(maps: list[ParamMap], dims: ModelDims, ep_size: int) -> list[ParamMap]:
+    """`maps` with every expert-parallel rank's experts, in the order `gathered_hf_tensors` yields."""
+    return [
+        peer
+        for pm in maps
+        for peer in ([pm] if pm.expert is None else [ep_peer(pm, dims, ep_size, r) for r in range(ep_size)])
+    ]
+
+
+def hf_specs(maps: list[ParamMap], dims: ModelDims, dtype: torch.dtype, ep_size: int = 1) -> list[TensorSpec]:
     """HF name, dtype and shape of every tensor `gathered_hf_tensors` yields, in its order."""
     dtype_name = str(dtype).removeprefix("torch.")
     return [
         TensorSpec(name=name, dtype=dtype_name, shape=shape)
-        for pm in maps
+        for pm in all_experts(maps, dims, ep_size)
         for name, shape in zip(pm.hf_names, hf_shapes(pm, dims), strict=True)
     ]
+
+
+def _gather(local: torch.Tensor, size: int, group) -> list[torch.Tensor]:
+    if size == 1:
+        return [local]
+    shards = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(shards, local.contiguous(), group=group)
+    return shards
 
 
 def gathered_hf_tensors(
@@ -129,21 +179,36 @@ def gathered_hf_tensors(
     dtype: torch.dtype,
     tp_size: int,
     tp_rank: int,
+    *,
+    dense: bool = True,
+    experts: ExpertLayout | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Full HF tensors of `maps`; every TP rank must iterate (all-gathers), TP rank 0 gets them."""
+    """Full HF tensors of `maps`; the sender (TP rank 0 of DP rank 0, expert rank 0) gets them.
+    Who must iterate: `dense` ranks (the sender's TP group) join the TP gathers of the dense
+    weights; with `experts`, the expert-DP-rank-0 ranks (the sender's expert-TP x EP block) join
+    the expert gathers. One rank may be both; the gathers run in the order of `maps` everywhere."""
+    experts = experts or ExpertLayout()
     params = dict(gpt.named_parameters())
-    group = parallel_state.get_tensor_model_parallel_group()
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    sender = tp_rank == 0 and experts.ep_rank == 0 and experts.etp_rank == 0
     for pm in maps:
         local = params[pm.megatron_name].detach()
-        if tp_size > 1:
-            shards = [torch.empty_like(local) for _ in range(tp_size)]
-            dist.all_gather(shards, local.contiguous(), group=group)
-            full = merge_tp(pm, shards)
+        if pm.expert is None:
+            if not dense:
+                continue
+            fulls = [(pm, merge_tp(pm, _gather(local, tp_size, tp_group)))]
         else:
-            full = local
-        if tp_rank == 0:
-            for name, tensor in zip(pm.hf_names, full_to_hf(pm, full, dims), strict=True):
-                yield name, tensor.to(dtype)
+            if experts.edp_rank != 0:
+                continue
+            etp_group = parallel_state.get_expert_tensor_parallel_group(check_initialized=False)
+            full = merge_tp(pm, _gather(local, experts.etp_size, etp_group))
+            ep_group = parallel_state.get_expert_model_parallel_group(check_initialized=False)
+            peers = _gather(full, experts.ep_size, ep_group)
+            fulls = [(ep_peer(pm, dims, experts.ep_size, r), t) for r, t in enumerate(peers)]
+        if sender and dense:
+            for peer, full in fulls:
+                for name, tensor in zip(peer.hf_names, full_to_hf(peer, full, dims), strict=True):
+                    yield name, tensor.to(dtype)
 
 
 def hf_shard_name(pp_rank: int, pp_size: int) -> str:
@@ -169,7 +234,7 @@ def write_hf_metadata(
         for stage in range(pp_size)
         for pm in param_maps(dims, pp_size=pp_size, pp_rank=stage, te_fused_norms=te_fused_norms)
         if pm.exported
-        for name in pm.hf_names
+        for name in pm.hf_names  # ep_size 1: every expert
     }
     index = {"metadata": {}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

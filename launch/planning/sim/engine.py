@@ -11,6 +11,9 @@ Asynchronous (`run_async`), event by event, as the controller and trainer behave
              lasts as long as the most loaded trainer GPU, then the weight update (`sync_s`: the
              constant trainer.weight_sync_s, or the phase model of weights.*, full or delta)
              during which every server is paused; then version += 1 and admission resumes.
+  auto       algo.staleness_auto: each trained batch's drift (SimProfile.drift: linear in its mean
+             lag) goes through the controller's law (areal_jobs/staleness_bound.py), which sets the
+             StalenessManager's bound; freshness keeps the ceiling (max_staleness), as the trainer.
 Synchronous (`run_sync`) is an explicit barrier loop: admit B groups, generate all, train, sync.
 With eta = 0 the asynchronous schedule must reproduce it (a unit test checks this).
 Colocated synchronous runs the same barrier loop with every GPU generating, then every GPU training.
@@ -26,9 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from areal_jobs.data.packing import balanced_microbatches
-from areal_jobs.data.staleness import StalenessManager
-from areal_jobs.trainer.batch import split_fresh
+from areal_jobs.staleness import StalenessManager
+from areal_jobs.staleness_bound import BoundParams, StalenessBoundLaw
+from areal_jobs.trainer.intake.batch import split_fresh
+from areal_jobs.trainer.intake.packing import balanced_microbatches
 from launch.planning.sim.farm import ServerFarm
 from launch.planning.sim.profile import LengthModel, SimProfile, TrainerSpeed
 
@@ -65,6 +69,9 @@ class SimResult:
     staleness_max: int = 0
     rollout_busy: float = 0.0  # share of server-seconds with work to do (measured window)
     extra: dict[str, float] = field(default_factory=dict)
+    drift_mean: float = 0.0  # the modelled drift (SimProfile.drift) of the measured steps' batches
+    # algo.staleness_auto: the bound in force after each step (every step, warm-up included)
+    bounds: list[int] = field(default_factory=list)
 
 
 def group_lengths(
@@ -76,6 +83,29 @@ def group_lengths(
     mu = math.log(lengths.median_tokens) + lengths.prompt_sigma * rng.standard_normal()
     raw = np.exp(mu + lengths.sample_sigma * rng.standard_normal(group_size))
     return np.clip(np.rint(raw), lengths.min_tokens, lengths.max_tokens).astype(int).tolist()
+
+
+def farm_drift(p: SimProfile, batch: list[SimGroup], version: int) -> float:
+    """The drift measure the trainer would report for `batch` trained at `version`."""
+    lag = float(np.mean([version - g.oldest_version for g in batch])) if batch else 0.0
+    return p.drift.at(lag, p.run.seed, version)
+
+
+def auto_law(p: SimProfile) -> StalenessBoundLaw | None:
+    """algo.staleness_auto: the controller's law (areal_jobs/staleness_bound.py), ceiling = max_staleness."""
+    a = p.algo
+    if not a.staleness_auto:
+        return None
+    return StalenessBoundLaw(
+        BoundParams(
+            ceiling=a.max_staleness,
+            target=a.staleness_drift_target,
+            raise_below=a.staleness_raise_below,
+            hold_steps=a.staleness_hold_steps,
+            window_steps=a.staleness_window_steps,
+            floor=a.staleness_floor,
+        )  # fmt: skip
+    )
 
 
 def train_time_s(groups: list[SimGroup], prompt_tokens: int, trainer_gpus: int, speed: TrainerSpeed) -> float:
@@ -90,6 +120,8 @@ class _Meter:
     """Per-step bookkeeping shared by the schedules; the window opens after the warm-up steps."""
 
     def __init__(self, p: SimProfile) -> None:
+        self.p = p
+        self.drift = 0.0  # the last step's modelled drift
         self.warmup, self.total = p.run.warmup_steps, p.run.warmup_steps + p.run.measure_steps
         self.steps = 0
         self.t0 = 0.0
@@ -98,6 +130,7 @@ class _Meter:
         self.gen_s: list[float] = []
         self.train_s: list[float] = []
         self.lags: list[int] = []
+        self.drifts: list[float] = []
 
     @property
     def done(self) -> bool:
@@ -113,6 +146,7 @@ class _Meter:
         train_s: float,
     ):
         self.steps += 1
+        self.drift = farm_drift(self.p, batch, version)
         if self.steps == self.warmup:
             self.t0, self.busy0 = t_end, farm.busy_server_s
         elif self.steps > self.warmup:
@@ -120,6 +154,7 @@ class _Meter:
             self.gen_s.append(gen_s)
             self.train_s.append(train_s)
             self.lags += [version - g.oldest_version for g in batch]
+            self.drifts.append(self.drift)
         if self.steps == self.total:
             self.t1, self.busy1 = t_end, farm.busy_server_s
 
@@ -138,6 +173,7 @@ class _Meter:
             staleness_mean=float(np.mean(self.lags)),
             staleness_max=int(max(self.lags)),
             rollout_busy=(self.busy1 - self.busy0) / (farm.num_servers * wall),
+            drift_mean=float(np.mean(self.drifts)),
             extra={"trained_groups": float(self.total * p.algo.batch_size)},
             **kw,
         )
@@ -149,6 +185,8 @@ def run_async(p: SimProfile, rollout_fraction: float | None = None) -> SimResult
     rollout_gpus, trainer_gpus = p.split(rollout_fraction)
     farm = ServerFarm(rollout_gpus // p.cluster.rollout_tp, p.rollout, p.cluster.rollout_tp)
     staleness = StalenessManager(B, a.max_staleness, max(1, a.max_concurrent // G))
+    law = auto_law(p)  # the trainer's drift -> the admission bound, once per version
+    bounds: list[int] = []
     meter = _Meter(p)
     running: dict[int, SimGroup] = {}
     inbox: list[SimGroup] = []  # finished groups, arrival order
@@ -213,6 +251,10 @@ def run_async(p: SimProfile, rollout_fraction: float | None = None) -> SimResult
                 gen_s = t - wait_since - t_train - t_sync
                 meter.step(t, farm, batch, version - 1, gen_s, t_train + t_sync)
                 wait_since = t
+                if law is not None:  # the trained batch's drift reaches the controller's law
+                    lag = float(np.mean([version - 1 - g.oldest_version for g in batch]))
+                    staleness.set_bound(law.update(meter.drift, lag))
+                    bounds.append(law.bound)
             continue
         for seq in farm.pop_finished(t):
             group = running[seq // G]
@@ -221,7 +263,7 @@ def run_async(p: SimProfile, rollout_fraction: float | None = None) -> SimResult
                 del running[group.key]
                 staleness.on_accepted()
                 inbox.append(group)
-    return meter.result("async", p, rollout_gpus, trainer_gpus, farm, expired_groups=expired)
+    return meter.result("async", p, rollout_gpus, trainer_gpus, farm, expired_groups=expired, bounds=bounds)
 
 
 def run_sync(p: SimProfile, rollout_fraction: float | None = None, colocated: bool = False) -> SimResult:

@@ -26,7 +26,7 @@ class ClusterShape:
     nodes: int = 64
     gpus_per_node: int = 8
     rollout_fraction: float = (
-        0.75  # share of nodes running rollout servers (rounded down, as launch.planning.plan)
+        0.75  # share of nodes running rollout servers (rounded down, as launch.planning.layout.plan)
     )
     rollout_tp: int = 1  # GPUs per rollout server
 
@@ -123,14 +123,54 @@ class AlgoShape:
 
     batch_size: int = 512  # B prompt groups per step
     group_size: int = 16  # G answers per prompt
-    max_staleness: int = 4  # eta
+    max_staleness: int = 4  # eta; the ceiling under staleness_auto
     max_concurrent: int = 16384  # rollout.max_concurrent (samples in flight)
+    # the job's algo.max_staleness=auto (areal_jobs/staleness_bound.py): the bound follows the drift that
+    # `drift` (SimProfile) models, from max_staleness (the ceiling) down to staleness_floor
+    staleness_auto: bool = False
+    staleness_floor: int = 0
+    staleness_drift_target: float = 0.03
+    staleness_raise_below: float = 0.5
+    staleness_hold_steps: int = 10
+    staleness_window_steps: int = 5
 
     def check(self) -> None:
         if self.batch_size < 1 or self.group_size < 1 or self.max_staleness < 0:
             raise ValueError("algo.batch_size and algo.group_size must be >= 1, algo.max_staleness >= 0")
+        if self.staleness_auto and not 0 <= self.staleness_floor < self.max_staleness:
+            raise ValueError(
+                "algo.staleness_auto=true: algo.max_staleness is the ceiling; need 0 <= "
+                "algo.staleness_floor < algo.max_staleness (e.g. algo.max_staleness=8)"
+            )
         if self.max_concurrent < self.group_size:
             raise ValueError("algo.max_concurrent must hold at least one group (>= algo.group_size)")
+
+
+@dataclass
+class DriftModel:
+    """The drift measure a trained batch shows (offpolicy/preclip_fraction), from its mean lag:
+    min(1, per_version * lag) * (1 + noise * N(0, 1)), clipped to [0, 1], the normal draw seeded by
+    (run.seed, version). Linear in the lag, as measured on countdown (docs/objective.md: naive
+    PPO at lr 3e-4 3.7% at exactly 2 versions, 9.8% at 8, i.e. ~0.012 a version)."""
+
+    per_version: float = 0.012
+    noise: float = 0.0  # relative spread of one step's measure (one batch's tokens)
+    # from version late_from_version on, per_version becomes late_per_version (a policy that moves
+    # less per version later in the run, e.g. a decayed lr); -1 = no change
+    late_per_version: float = -1.0
+    late_from_version: int = 0
+
+    def check(self) -> None:
+        if self.per_version < 0 or self.noise < 0 or self.late_from_version < 0:
+            raise ValueError("drift.per_version, drift.noise and drift.late_from_version must be >= 0")
+
+    def at(self, lag: float, seed: int, version: int) -> float:
+        import numpy as np
+
+        late = self.late_per_version >= 0 and version >= self.late_from_version
+        slope = self.late_per_version if late else self.per_version
+        eps = np.random.default_rng((seed, version, 7)).standard_normal() if self.noise else 0.0
+        return float(min(1.0, max(0.0, min(1.0, slope * lag) * (1.0 + self.noise * eps))))
 
 
 @dataclass
@@ -157,6 +197,7 @@ class SimProfile:
     # the update's phases from the model size and links (weights.params_b > 0); else the constant
     # trainer.weight_sync_s
     weights: WeightUpdateModel = field(default_factory=WeightUpdateModel)
+    drift: DriftModel = field(default_factory=DriftModel)  # what algo.staleness_auto reads
 
     def __post_init__(self) -> None:
         for part in (
@@ -167,6 +208,7 @@ class SimProfile:
             self.algo,
             self.run,
             self.weights,
+            self.drift,
         ):
             part.check()
 
@@ -175,7 +217,7 @@ class SimProfile:
         return self.weights.update_s(version) if self.weights.enabled else self.trainer.weight_sync_s
 
     def split(self, rollout_fraction: float | None = None) -> tuple[int, int]:
-        """(rollout GPUs, trainer GPUs), nodes rounded down as launch.planning.plan.split_nodes does."""
+        """(rollout GPUs, trainer GPUs), nodes rounded down as launch.planning.layout.plan.split_nodes does."""
         c = self.cluster
         frac = c.rollout_fraction if rollout_fraction is None else rollout_fraction
         rollout_nodes = math.floor(c.nodes * frac + 1e-9)

@@ -40,8 +40,10 @@ def with_nodes(p: SimProfile, gpus: int) -> SimProfile:
 
 
 def with_eta(p: SimProfile, eta: int) -> SimProfile:
+    """A fixed bound eta (algo.staleness_auto off)."""
     q = copy.deepcopy(p)
     q.algo.max_staleness = eta
+    q.algo.staleness_auto = False
     return q
 
 
@@ -57,4 +59,6 @@ def scaling(p: SimProfile, gpus: tuple[int, ...] = DEFAULT_GPUS) -> list[Scaling
 
 
 def staleness_sweep(p: SimProfile, etas: tuple[int, ...] = DEFAULT_ETAS) -> list[SimResult]:
-    return [run_async(with_eta(p, eta)) for eta in etas]
+    """Fixed bounds, then (algo.staleness_auto) the auto bound under the profile's ceiling."""
+    fixed = [run_async(with_eta(p, eta)) for eta in etas]
+    return fixed + ([run_async(p)] if p.algo.staleness_auto else [])

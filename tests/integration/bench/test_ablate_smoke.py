@@ -1,4 +1,4 @@
-"""`python -m bench.ablate` end to end with two tiny runs (naive and decoupled PPO at exact delay
+"""`python -m bench.staleness.ablate` end to end with two tiny runs (naive and decoupled PPO at exact delay
 1, one seed, 3 steps on countdown): both launch.local runs finish, the paired table, JSON and
 figure are whole, and `table` rebuilds the same cells from the run directories alone.
 
@@ -22,7 +22,7 @@ def test_two_run_ablation_writes_paired_table_json_and_plot(tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"
     common = ["--out", str(out), "--run-root", str(runs)]
     cmd = [
-        sys.executable, "-m", "bench.ablate", "run", "--arms", "naive,decoupled", "--delays", "1",
+        sys.executable, "-m", "bench.staleness.ablate", "run", "--arms", "naive,decoupled", "--delays", "1",
         "--seeds", "1", "--steps", "3", "--lr", "1e-3", *common,
         "data.num_eval_prompts=4", "run.eval_samples=1", "run.eval_pass_k=1", "algo.batch_size=2",
         "algo.group_size=2",
@@ -40,7 +40,7 @@ def test_two_run_ablation_writes_paired_table_json_and_plot(tmp_path):
     assert (out / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[2/2] decoupled-lr0.001-mb4-d1-s1-n3" in result.stdout
     table = subprocess.run(
-        [sys.executable, "-m", "bench.ablate", "table", *common],
+        [sys.executable, "-m", "bench.staleness.ablate", "table", *common],
         cwd=REPO,
         capture_output=True,
         text=True,

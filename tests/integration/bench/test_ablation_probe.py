@@ -1,4 +1,4 @@
-"""`python -m bench.ablation_probe` on the countdown warm start, small: at delay 0 the naive and
+"""`python -m bench.staleness.ablation_probe` on the countdown warm start, small: at delay 0 the naive and
 decoupled gradients are the same (no token is off-policy, cosine 1); after on-policy steps the
 stale batch's weights have moved (|log w| > 0) and probe.json holds a row per delay.
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_probe_cosine_is_one_on_policy_and_the_weights_move_after_steps(tmp_path):
     cmd = [
-        sys.executable, "-m", "bench.ablation_probe", "--lrs", "1e-3", "--delays", "0,2", "--batch-size", "4",
+        sys.executable, "-m", "bench.staleness.ablation_probe", "--lrs", "1e-3", "--delays", "0,2", "--batch-size", "4",
         "--group-size", "4", "--max-new-tokens", "192", "--minibatches", "2", "--out", str(tmp_path),
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)

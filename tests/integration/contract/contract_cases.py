@@ -12,6 +12,7 @@ A new field in none of them fails test_every_algo_field_is_covered.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -60,6 +61,17 @@ CASES: dict[str, dict] = {
     "entropy_bonus": dict(entropy_coef=0.05),
     # GRPO cancels scale and bias, not the clip: group [0.3, 0.7, 1.0] -> [-2, 2, 5 -> 3]
     "reward_shaping": dict(reward_scaling=10.0, reward_bias=-0.5, reward_clip=3.0),
+    # issue 42's objectives (docs/objective.md). A mask on w = π_p / π_b at the token level:
+    "icepop": dict(objective="icepop", icepop_low=0.8, icepop_high=1.25, icepop_level="token"),
+    # M2PO chooses its clip width per micro-batch, and the layouts split the batch differently
+    # (DP ranks, token budgets): under a budget below every harmful token's (log r)², τ = 0 in
+    # every micro-batch whatever the split, so the harmful tokens lose their gradient everywhere
+    # and the layouts must agree; tests/unit/trainer/test_trainer_objectives.py pins τ itself
+    "m2po": dict(objective="m2po", m2_budget=1e-9, m2po_min_eps_low=0.0, m2po_max_eps_high=0.0),
+    # bands small enough to act on a random model's probabilities (~1/200)
+    "prime": dict(objective="prime", prime_mask_low=0.001, prime_mask_high=0.001, prime_kl_coef=0.5),
+    # the ESS-scaled step's lr needs the ESS of the whole minibatch, summed over the ranks
+    "cispo_ess": dict(objective="cispo", cispo_eps_low=0.1, cispo_eps_high=0.05, ess_step="sqrt"),
 }
 # train steps per case (1 when not listed), compared after the last: the second step of kl_k3
 # checks that the reference stayed the initial weights while the policy moved
@@ -72,12 +84,27 @@ BASELINE = {
     "kl_k3": "minibatches_2",
     "gspo_minibatches": "minibatches_2",
 }
+# ONLY_CASES=a,b (environment): run only these cases of CASES and TRAINER_CASES (every backend's
+# gloo run of the whole matrix takes long; a new row can be checked alone). Unset: all of them.
+ONLY_CASES = [c for c in os.environ.get("ONLY_CASES", "").split(",") if c]
+
+
+def selected(names) -> list[str]:
+    """The cases of `names` this run covers (ONLY_CASES; the default, every case's baseline, always)."""
+    return [c for c in names if not ONLY_CASES or c in ONLY_CASES or c == "default"]
+
+
 # rollout.temperature per case (1.0 where absent): the trainer's log-probs are of the tempered
 # policy, so it changes the loss without being an AlgoConfig field
 TEMPERATURE = {"temperature_0p7": 0.7}
 # prox_logp=loglinear: torch only (LIMITED_VALUES)
 REFUSED = {"prox_logp": "loglinear"}
 NOT_OBJECTIVE = {"max_staleness", "exact_delay", "batch_size", "group_size", "max_discarded_groups"}
+# algo.max_staleness=auto: the controller's admission bound, not part of the loss
+NOT_OBJECTIVE |= {
+    "staleness_auto", "staleness_ceiling", "staleness_floor", "staleness_drift", "staleness_drift_target",
+    "staleness_raise_below", "staleness_hold_steps", "staleness_window_steps",
+}  # fmt: skip
 
 # How the step is computed, not what it computes: trainer.* settings (on the default objective)
 # whose step must equal the torch backend's default one (trainer.recompute=none,
@@ -95,12 +122,33 @@ CUDA_ONLY: dict[str, set[str]] = {"attention": {"varlen_attn", "flex"}}
 # trainer case -> the backends whose config refuses it (TrainerConfig.__post_init__)
 TRAINER_REFUSED: dict[str, tuple[str, ...]] = {"recompute_selective": ("torch", "fsdp")}
 
+# Mixture of experts (issue 44): the default objective on a tiny random Qwen3-MoE (harness.
+# make_tiny_hf "qwen3_moe": 4 experts, top-2), Megatron (tp, pp, dp, ep) against the torch trainer.
+# The load-balancing loss is off on both (trainer.router_aux_loss_coef=0): the two define it
+# differently (HF pools f_e and P_e over the layers and scores top_k when balanced, Megatron sums
+# per-layer losses scoring 1 each; docs/moe.md), so with it on the gradients differ by design.
+MOE_CASES: dict[str, tuple[int, int, int, int]] = {"moe_ep1": (1, 1, 1, 1), "moe_ep2": (1, 1, 2, 2)}
+# FSDP2 at DP 2 (case -> ranks): the same row through fully_shard. Its balancing loss is the torch
+# backend's definition per micro-batch (trainer/fsdp/moe.py); test_fsdp_moe.py compares it on
+MOE_FSDP_CASES: dict[str, int] = {"moe_fsdp_dp2": 2}
+MOE_TRAINER = {"router_aux_loss_coef": 0.0}
+# run after the default in the same processes: the model config's weight (0.01), the loss on; not
+# compared across backends (see above), only shown to act and to score alike (its logged value)
+MOE_AUX_CASE = "router_aux"
+
+
+def selected_moe() -> list[str]:
+    """The MoE cases this run covers (ONLY_CASES; all of them when unset)."""
+    return [c for c in [*MOE_CASES, *MOE_FSDP_CASES] if not ONLY_CASES or c in ONLY_CASES]
+
 
 def trainer_for(case: str, base):
     """`base` (a TrainerConfig) with the trainer case's overrides; unchanged for objective cases."""
     from areal_jobs.config import Attention, Recompute
 
     enums = {"recompute": Recompute, "attention": Attention}
+    if case == MOE_AUX_CASE:
+        return replace(base, router_aux_loss_coef=None)
     return replace(base, **{k: enums[k](v) for k, v in TRAINER_CASES.get(case, {}).items()})
 
 
@@ -114,9 +162,12 @@ def algo_for(case: str):
         AdvStd,
         AlgoConfig,
         BehavWeightMode,
+        EssStep,
         ImportanceLevel,
         KLEstimator,
         LossAgg,
+        MaskLevel,
+        Objective,
         ProxLogp,
     )
 
@@ -128,6 +179,9 @@ def algo_for(case: str):
         "prox_logp": ProxLogp,
         "kl_estimator": KLEstimator,
         "importance_level": ImportanceLevel,
+        "objective": Objective,
+        "icepop_level": MaskLevel,
+        "ess_step": EssStep,
     }
     fields = {k: enums[k](v) if k in enums else v for k, v in CASES.get(case, {}).items()}
     return AlgoConfig(**BASE, **fields)
@@ -166,7 +220,7 @@ def groups():
 def batch_for(case: str):
     """The fixed batch as `assemble` builds it for this case's AlgoConfig, plus masked tokens
     (a loss mask with holes on two samples), at trainer version 3."""
-    from areal_jobs.trainer.batch import assemble
+    from areal_jobs.trainer.intake.batch import assemble
 
     batch = assemble(groups(), 3, algo_for(case), MAX_NEW_TOKENS)
     for index in (2, 5):
@@ -224,13 +278,13 @@ def _each_case(make_backend, root_of, rank: int, cases: list[str]) -> dict:
 
 
 def megatron_worker(
-    rank: int, world: int, tp: int, pp: int, dp: int, model_dir: str, cases: list[str]
+    rank: int, world: int, tp: int, pp: int, dp: int, model_dir: str, cases: list[str], overrides=None
 ) -> dict:
     from areal_jobs.config import DType
     from areal_jobs.trainer.megatron.backend import MegatronBackend
     from areal_jobs.trainer.megatron.dist import init_distributed
 
-    cfg = trainer_config(tp, pp, dp)
+    cfg = trainer_config(tp, pp, dp, **(overrides or {}))
     init_distributed(cfg, timeout_s=120.0)
     return _each_case(
         lambda case: MegatronBackend(
@@ -246,11 +300,11 @@ def megatron_worker(
     )
 
 
-def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict:
+def torch_worker(rank: int, world: int, model_dir: str, cases: list[str], overrides=None) -> dict:
     from areal_jobs.config import DType, TrainerBackend
-    from areal_jobs.trainer.torch_backend import TorchBackend
+    from areal_jobs.trainer.torch.backend import TorchBackend
 
-    cfg = replace(trainer_config(), backend=TrainerBackend.torch)
+    cfg = replace(trainer_config(**(overrides or {})), backend=TrainerBackend.torch)
     out = {}
     for case in [c for c in cases if runs_on(c, "torch")]:
         backend = TorchBackend(
@@ -268,12 +322,12 @@ def torch_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dic
     return out
 
 
-def fsdp_worker(rank: int, world: int, model_dir: str, cases: list[str]) -> dict:
+def fsdp_worker(rank: int, world: int, model_dir: str, cases: list[str], overrides=None) -> dict:
     """One spawned FSDP2 rank (DP over `world`)."""
     from areal_jobs.config import DType, TrainerBackend
     from areal_jobs.trainer.fsdp.backend import FSDPBackend, init_distributed
 
-    cfg = replace(trainer_config(), backend=TrainerBackend.fsdp, dp_size=world)
+    cfg = replace(trainer_config(**(overrides or {})), backend=TrainerBackend.fsdp, dp_size=world)
     init_distributed(cfg, timeout_s=120.0)
     return _each_case(
         lambda case: FSDPBackend(

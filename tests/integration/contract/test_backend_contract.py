@@ -23,6 +23,14 @@ The matrix holds several optimiser steps per batch (2 and 4 minibatches, current
 the reference KL with each estimator, GSPO's sequence ratio, the entropy bonus and reward
 shaping (issue 26). Knobs a backend does not implement are refused by the config, naming the
 override (config/support.py: prox_logp=loglinear on Megatron and FSDP).
+Issue 42's objectives are rows too (icepop, m2po, prime, cispo_ess: contract_cases.py says why
+each is set as it is). ONLY_CASES=icepop,m2po (environment) runs only those cases (and the
+default, their baseline) on every layout: a new row checked alone.
+
+Mixtures of experts (issue 44, MOE_CASES): the default objective on a tiny random Qwen3-MoE,
+Megatron with its MoE layers at EP=1 and at EP=2 x DP=2 (the alltoall dispatcher over gloo)
+and FSDP2 at DP=2 against the torch trainer, at the same tolerances, the load-balancing loss off
+(contract_cases.py says why). `-k moe` runs only these (ONLY_CASES=moe_ep2: one layout).
 
 How the step is computed (TRAINER_CASES: trainer.recompute=full|selective, trainer.attention=
 dense) must not change it: each runs the default objective on every backend that implements it,
@@ -44,6 +52,10 @@ import pytest
 from contract_cases import (
     BASELINE,
     CASES,
+    MOE_AUX_CASE,
+    MOE_CASES,
+    MOE_FSDP_CASES,
+    MOE_TRAINER,
     NOT_OBJECTIVE,
     REFUSED,
     TRAINER_CASES,
@@ -53,11 +65,13 @@ from contract_cases import (
     fsdp_worker,
     megatron_worker,
     runs_on,
+    selected,
+    selected_moe,
     torch_worker,
 )
 from harness import make_tiny_hf, run_ranks, update_diff
 
-from areal_jobs.trainer.loss_stats import HIST_EDGES
+from areal_jobs.trainer.objective.loss_stats import HIST_EDGES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fsdp"))
 from fsdp_harness import run_ranks as run_fsdp_ranks  # noqa: E402
@@ -123,11 +137,18 @@ def test_megatron_refuses_lora():
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     model = str(make_tiny_hf(tmp_path_factory.mktemp("contract") / "qwen2", "qwen2", tied=True, seed=3))
-    cases = [*CASES, *TRAINER_CASES]
+    cases = selected([*CASES, *TRAINER_CASES])
     out = {"torch": run_ranks(torch_worker, 1, model, cases, timeout_s=300)[0]}
     for name, (tp, pp, dp) in LAYOUTS.items():
         out[name] = run_ranks(
-            megatron_worker, tp * pp * dp, tp, pp, dp, model, PARTIAL.get(name, cases), timeout_s=300
+            megatron_worker,
+            tp * pp * dp,
+            tp,
+            pp,
+            dp,
+            model,
+            [c for c in PARTIAL.get(name, cases) if c in cases],
+            timeout_s=300,
         )
     out["fsdp_dp2"] = run_fsdp_ranks(fsdp_worker, FSDP_WORLD, model, cases, timeout_s=300)
     return out
@@ -151,12 +172,104 @@ def metric_diff(key: str, got: float, ref: float) -> float:
     return abs(got - ref)
 
 
+def compare(got: dict, ref: dict, after: dict, ref_after: dict, before: dict) -> dict[str, float]:
+    """The contract's columns for one step against the torch trainer's."""
+    weight_diff, update_rel = update_diff(after, ref_after, before)
+    # train/lr_scale: algo.ess_step's factor, from the ESS summed over every rank
+    keys = sorted(
+        k for k in ref if k.startswith(("ppo/", "mismatch/", "offpolicy/")) or k == "train/lr_scale"
+    )
+    assert keys and set(keys) <= set(got), sorted(set(keys) - set(got))
+    assert "offpolicy/preclip_fraction" in keys
+    return {
+        "loss": abs(got["train/loss"] - ref["train/loss"]),
+        "grad_norm_rel": abs(got["train/grad_norm"] - ref["train/grad_norm"]) / ref["train/grad_norm"],
+        "weights_max": weight_diff,
+        "update_rel": update_rel,
+        "metrics_max": max(metric_diff(k, got[k], ref[k]) for k in keys),
+    }
+
+
+LIMITS = {
+    "loss": LOSS_TOL,
+    "grad_norm_rel": GRAD_REL_TOL,
+    "weights_max": WEIGHT_TOL,
+    "update_rel": UPDATE_TOL,
+    "metrics_max": METRIC_TOL,
+}
+
+
+@pytest.fixture(scope="module")
+def moe_results(tmp_path_factory):
+    cases = selected_moe()
+    if not cases:
+        pytest.skip(f"ONLY_CASES selects none of {sorted(MOE_CASES)}")
+    model = str(
+        make_tiny_hf(tmp_path_factory.mktemp("contract_moe") / "qwen3_moe", "qwen3_moe", tied=True, seed=3)
+    )
+    runs = ["default", MOE_AUX_CASE]
+    out = {"torch": run_ranks(torch_worker, 1, model, runs, MOE_TRAINER, timeout_s=300)[0]}
+    megatron = [c for c in cases if c in MOE_CASES]
+    for case in (c for c in cases if c in MOE_FSDP_CASES):
+        out[case] = run_fsdp_ranks(fsdp_worker, MOE_FSDP_CASES[case], model, runs, MOE_TRAINER, timeout_s=300)
+    for case in megatron:
+        tp, pp, dp, ep = MOE_CASES[case]
+        overrides = {**MOE_TRAINER, "ep_size": ep}
+        mine = runs if case == megatron[-1] else ["default"]  # the aux-loss run once, on the widest layout
+        out[case] = run_ranks(
+            megatron_worker, tp * pp * dp, tp, pp, dp, model, mine, overrides, timeout_s=300
+        )
+    return out
+
+
+def test_moe_layouts_agree_with_torch(moe_results):
+    """Megatron's MoE layers, dispatcher and expert conversion, and FSDP2's sharded experts, give
+    the torch trainer's step: loss, gradient norm, updated weights (every expert's, gathered over
+    EP or the FSDP shards) and the log-prob statistics."""
+    t = moe_results["torch"]
+    ref = t["default"]["metrics"]
+    rows, failures = [], []
+    for case in (c for c in [*MOE_CASES, *MOE_FSDP_CASES] if c in moe_results):
+        ranks = moe_results[case]
+        after = merged(ranks, "default")
+        assert any(".mlp.experts.3.down_proj.weight" in k for k in after), sorted(after)[:8]
+        diffs = compare(ranks[0]["default"]["metrics"], ref, after, t["default"]["after"], t["before"])
+        rows.append(f"{case:10s} " + " ".join(f"{v:9.1e}" for v in diffs.values()))
+        if any(v >= LIMITS[k] for k, v in diffs.items()):
+            failures.append(f"{case}: {diffs}")
+    print("\ncase            loss grad_norm   weights    update   metrics")
+    print("\n".join(rows))
+    assert not failures, "\n".join(failures)
+
+
+def test_moe_router_aux_loss_acts_on_both(moe_results):
+    """With the model config's weight (0.01) the load-balancing loss moves the routers on every
+    backend and is logged; Megatron defines it differently (megatron/router_aux.py) and FSDP at DP 2
+    computes it over other micro-batches (trainer/fsdp/moe.py), so the steps are not compared here,
+    only the logged values (all score top_k = 2 when balanced) for their scale."""
+    t = moe_results["torch"]
+    layouts = [c for c in reversed(MOE_CASES) if c in moe_results][:1] + [
+        c for c in MOE_FSDP_CASES if c in moe_results
+    ]
+    router = "model.layers.0.mlp.gate.weight"
+    rows = []
+    for name, ranks in (("torch", [t]), *((c, moe_results[c]) for c in layouts)):
+        off, on = merged(ranks, "default"), merged(ranks, MOE_AUX_CASE)
+        moved = float(np.abs(on[router] - off[router]).max())
+        value = ranks[0][MOE_AUX_CASE]["metrics"]["train/router_aux_loss"]
+        rows.append((name, moved, value))
+        assert moved > 0, f"{name}: router_aux_loss_coef=0.01 left the router where 0 put it"
+        assert 1.9 < value < 2.5, f"{name}: train/router_aux_loss={value}, balanced top-2 routing scores 2"
+    print("\nbackend      router moved by aux   train/router_aux_loss")
+    print("\n".join(f"{n:12s} {m:9.1e}             {v:.4f}" for n, m, v in rows))
+
+
 def test_backends_agree_on_every_case(results):
     torch_out = results["torch"]
     before = torch_out["before"]
     rows, failures = [], []
     worst: dict[str, float] = {}
-    for case in [*CASES, *TRAINER_CASES]:
+    for case in selected([*CASES, *TRAINER_CASES]):
         reference = "default" if case in TRAINER_CASES else case  # the same step, computed otherwise
         ref = torch_out[reference]["metrics"]
         assert batch_for(case).samples, case
@@ -165,23 +278,12 @@ def test_backends_agree_on_every_case(results):
                 continue  # refused by that backend's config (test_trainer_refusals), or not run there
             ranks = [results["torch"]] if layout == "torch" else results[layout]
             got = ranks[0][case]["metrics"]
-            weight_diff, update_rel = update_diff(merged(ranks, case), torch_out[reference]["after"], before)
-            keys = sorted(k for k in ref if k.startswith(("ppo/", "mismatch/", "offpolicy/")))
-            assert keys and set(keys) <= set(got), (case, layout, sorted(set(keys) - set(got)))
-            assert "offpolicy/preclip_fraction" in keys, case
-            diffs = {
-                "loss": abs(got["train/loss"] - ref["train/loss"]),
-                "grad_norm_rel": abs(got["train/grad_norm"] - ref["train/grad_norm"])
-                / ref["train/grad_norm"],
-                "weights_max": weight_diff,
-                "update_rel": update_rel,
-                "metrics_max": max(metric_diff(k, got[k], ref[k]) for k in keys),
-            }
+            diffs = compare(got, ref, merged(ranks, case), torch_out[reference]["after"], before)
             for column, value in diffs.items():
                 worst[column] = max(worst.get(column, 0.0), value)
             rows.append(f"{case:20s} {layout:7s} " + " ".join(f"{v:9.1e}" for v in diffs.values()))
-            limits = (LOSS_TOL, GRAD_REL_TOL, WEIGHT_TOL, UPDATE_TOL, METRIC_TOL)
-            if any(v >= lim for v, lim in zip(diffs.values(), limits, strict=True)):
+            if any(v >= LIMITS[k] for k, v in diffs.items()):
+                keys = [k for k in ref if k.startswith(("ppo/", "mismatch/", "offpolicy/"))]
                 bad = [k for k in keys if metric_diff(k, got[k], ref[k]) >= METRIC_TOL]
                 failures.append(f"{case} {layout}: {diffs} {bad}")
     print("\ncase                 layout       loss grad_norm   weights    update   metrics")
@@ -194,7 +296,7 @@ def test_cases_exercise_their_knob(results):
     """A case that changes nothing would pass vacuously: each knob must move the torch loss or
     its statistics away from the default's."""
     t = results["torch"]
-    for case in CASES:  # TRAINER_CASES: test_trainer_cases_run_their_mode
+    for case in selected(CASES):  # TRAINER_CASES: test_trainer_cases_run_their_mode
         if case == "default":
             continue
         m = t[case]["metrics"]
@@ -205,6 +307,11 @@ def test_cases_exercise_their_knob(results):
                 case
             )
             continue
+        if case == "cispo_ess":  # the step's lr is scaled: sqrt of the ESS the loss measured (one minibatch)
+            assert (
+                m["train/lr_scale"] == pytest.approx(m["ppo/step_ess"] ** 0.5, rel=1e-9)
+                and m["train/lr_scale"] < 1
+            )
         base = t[BASELINE.get(case, "default")]["metrics"]
         moved = abs(m["train/loss"] - base["train/loss"]) > 1e-7 or any(
             abs(m[k] - base[k]) > 1e-7 for k in m if k.startswith(("ppo/", "mismatch/", "train/num_"))
@@ -219,7 +326,7 @@ def test_trainer_cases_run_their_mode(results):
         out = results[layout] if layout == "torch" else results[layout][0]
         base = out["default"]["forwards"]
         assert base["layers"] > 0 and base["attention"] > 0, (layout, base)
-        for case in TRAINER_CASES:
+        for case in selected(TRAINER_CASES):
             if not runs_on(case, BACKEND_OF[layout]):
                 assert case not in out, (layout, case)
                 continue

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_jobs.data.eval_metrics import pass_at_k
 from areal_jobs.reward.registry import resolve
+from areal_jobs.rollout.eval_metrics import pass_at_k
 
 pytestmark = [pytest.mark.sglang]
 

@@ -54,8 +54,8 @@ def step_worker(rank: int, world: int, model_dir: str, adapter_dir: str) -> dict
 
 def test_two_ranks_train_the_adapters_as_the_torch_backend(model, tmp_path):
     from areal_jobs.config import AlgoConfig, DType
-    from areal_jobs.trainer import lora
-    from areal_jobs.trainer.torch_backend import TorchBackend
+    from areal_jobs.trainer.forward import lora
+    from areal_jobs.trainer.torch.backend import TorchBackend
 
     lead, other = run_ranks(step_worker, 2, str(model), str(tmp_path / "fsdp_adapter"))
     expected_metrics, expected = megatron_harness.torch_backend_step(

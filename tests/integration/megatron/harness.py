@@ -93,7 +93,9 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 240.0) ->
 
 
 def make_tiny_hf(path: Path, family: str, *, tied: bool = False, seed: int = 0, num_layers: int = 2) -> Path:
-    """A tiny random fp32 HF model (every parameter random, biases and norms included)."""
+    """A tiny random fp32 HF model (every parameter random, biases and norms included).
+    qwen3_moe: 4 experts, top-2, renormalised, attention biases (o_proj's too), as the built-in
+    MoE policy (areal_jobs/tasks/models/builtin_model_moe) has them."""
     import torch
     from transformers import (
         LlamaConfig,
@@ -102,15 +104,25 @@ def make_tiny_hf(path: Path, family: str, *, tied: bool = False, seed: int = 0, 
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     classes = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
     }
     config_cls, model_cls = classes[family]
+    moe = (
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+             attention_bias=True, router_aux_loss_coef=0.01)
+        if family == "qwen3_moe"
+        else {}
+    )  # fmt: skip
     config = config_cls(
+        **moe,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
@@ -139,7 +151,7 @@ def make_tiny_hf(path: Path, family: str, *, tied: bool = False, seed: int = 0, 
 
 def make_batch(seed: int = 0, *, num_groups: int = 4, group_size: int = 2, vocab: int = VOCAB):
     """A TrainBatch with varied prompt/output lengths, behaviour log-probs and advantages."""
-    from areal_jobs.trainer.batch import TrainBatch, TrainSample
+    from areal_jobs.trainer.intake.batch import TrainBatch, TrainSample
 
     rng = np.random.default_rng(seed)
     samples = []
@@ -218,7 +230,7 @@ def torch_backend_step(
     from dataclasses import replace
 
     from areal_jobs.config import AlgoConfig, DType, TrainerBackend
-    from areal_jobs.trainer.torch_backend import TorchBackend
+    from areal_jobs.trainer.torch.backend import TorchBackend
 
     cfg = replace(trainer, backend=TrainerBackend.torch, tp_size=1, pp_size=1, dp_size=1)
     backend = TorchBackend(cfg, algo or AlgoConfig(), str(model_dir), DType.float32, lora)

@@ -28,7 +28,7 @@ VS_DENSE_TOL = 2e-6
 
 
 def batch():
-    from areal_jobs.trainer.batch import TrainBatch, TrainSample
+    from areal_jobs.trainer.intake.batch import TrainBatch, TrainSample
 
     rng = np.random.default_rng(11)
     samples = [

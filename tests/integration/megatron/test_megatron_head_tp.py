@@ -1,4 +1,4 @@
-"""The vocab-parallel chunked LM head (trainer/logprobs.py, as megatron/head.py calls it) at TP=2
+"""The vocab-parallel chunked LM head (trainer/forward/logprobs.py, as megatron/head.py calls it) at TP=2
 over gloo: two ranks, each with half of a padded vocabulary, against one process's plain
 full-vocabulary autograd. Values, the hidden-state gradient (all-reduced in the backward) and each
 rank's weight-shard gradient; padded rows excluded and without gradient, including a rank whose
@@ -21,7 +21,7 @@ def tp_worker(rank: int, world: int, cases: list) -> list[dict[str, float]]:
     import torch
     import torch.distributed as dist
 
-    from areal_jobs.trainer.logprobs import head_logprobs
+    from areal_jobs.trainer.forward.logprobs import head_logprobs
 
     dist.init_process_group("gloo")
     per_rank = PADDED // world

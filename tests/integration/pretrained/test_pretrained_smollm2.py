@@ -24,9 +24,9 @@ from areal_jobs.atomic import write_atomic
 from areal_jobs.config import AlgoConfig, DataConfig, Dataset, DType, TrainerConfig
 from areal_jobs.data.prompts import load_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
-from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.hf_logprobs import token_logprobs
-from areal_jobs.trainer.torch_backend import TorchBackend
+from areal_jobs.trainer.forward.hf_logprobs import token_logprobs
+from areal_jobs.trainer.intake.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.torch.backend import TorchBackend
 from tests.integration.sglang.sglang_harness import Broadcaster, client_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -325,7 +325,7 @@ def test_one_lora_rl_step_and_broadcast_match_the_server(pretrained_server, pret
     broadcast, and the server's log-probs after it match the trainer's LoRA model as tightly as
     with full weights. Leaves the server on that merged policy (version 3)."""
     from areal_jobs.config import LoraConfig
-    from areal_jobs.trainer import lora
+    from areal_jobs.trainer.forward import lora
     from areal_jobs.weights.buckets import tensor_bytes
 
     batch = sample_batch(pretrained_server, pretrained_dir, n_prompts=2, group=4, max_new=24)

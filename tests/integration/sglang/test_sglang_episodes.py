@@ -39,9 +39,9 @@ from areal_jobs.data.prompts import PromptStream, eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.snapshot import load_snapshot, save_snapshot
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.hf_logprobs import token_logprobs
-from areal_jobs.trainer.torch_backend import TorchBackend
+from areal_jobs.trainer.forward.hf_logprobs import token_logprobs
+from areal_jobs.trainer.intake.batch import TrainSample
+from areal_jobs.trainer.torch.backend import TorchBackend
 
 pytestmark = pytest.mark.sglang
 

@@ -32,9 +32,9 @@ from areal_jobs.data.chat import PromptFormat
 from areal_jobs.data.prompts import PromptStream, eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
-from areal_jobs.trainer.batch import assemble
-from areal_jobs.trainer.hf_logprobs import token_logprobs
-from areal_jobs.trainer.torch_backend import TorchBackend
+from areal_jobs.trainer.forward.hf_logprobs import token_logprobs
+from areal_jobs.trainer.intake.batch import assemble
+from areal_jobs.trainer.torch.backend import TorchBackend
 from examples.arith_agent import ASK_AGAIN
 
 pytestmark = pytest.mark.sglang

@@ -35,10 +35,10 @@ from areal_jobs.config import (
     VerdictParser,
     save_job_config,
 )
-from areal_jobs.data import arith_task
-from areal_jobs.data.reward_model import PACKAGED_RM_DIR
-from areal_jobs.data.tiny_model import PACKAGED_DIR as POLICY_DIR
 from areal_jobs.rollout.reward_client import build_model_scorer
+from areal_jobs.tasks import arith_task
+from areal_jobs.tasks.warm_start.reward_model import PACKAGED_RM_DIR
+from areal_jobs.tasks.warm_start.tiny_model import PACKAGED_DIR as POLICY_DIR
 from areal_jobs.transport import discovery
 
 REPO = Path(__file__).resolve().parents[3]

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import warnings
 
 import pytest
 from local_slurm import (
@@ -77,9 +78,17 @@ def slurm_cluster_session(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def slurm_cluster(slurm_cluster_session: LocalSlurm, monkeypatch: pytest.MonkeyPatch) -> LocalSlurm:
+def slurm_cluster(slurm_cluster_session: LocalSlurm, monkeypatch: pytest.MonkeyPatch):
     """The session's cluster, with SLURM_CONF and PATH set for this test only: clients called in
-    process (submitit in launch/slurm/aux_jobs.py) find it; other tests never see it."""
+    process (submitit in launch/slurm/aux_jobs.py) find it; other tests never see it.
+
+    Every job a test leaves queued or running is cancelled when it ends, so one failing test
+    fails alone: a job left running held n1 and n2, and the tests after it were placed on n3 and
+    n4 and failed their placement checks (CI, stop 46)."""
     monkeypatch.setenv("SLURM_CONF", slurm_cluster_session.env["SLURM_CONF"])
     monkeypatch.setenv("PATH", slurm_cluster_session.env["PATH"])
-    return slurm_cluster_session
+    yield slurm_cluster_session
+    left = slurm_cluster_session.run("squeue", "-h", "-o", "%i %T %j", check=False).stdout.strip()
+    if left:
+        warnings.warn(f"jobs left by the test, cancelled: {left}", stacklevel=1)
+        drain(slurm_cluster_session)

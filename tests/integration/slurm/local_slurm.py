@@ -34,10 +34,6 @@ exit 0
 """
 
 
-def free_port() -> int:
-    return discovery.free_port("127.0.0.1")
-
-
 def free_port_block(count: int) -> int:
     """First of `count` consecutive free loopback ports below the ephemeral range (servers listen on
     base_port + index and bind minutes after submission: an ephemeral port could be taken by then)."""
@@ -109,14 +105,16 @@ def wait_for(cmd: list[str], env: dict[str, str], what: str, timeout_s: float = 
 def write_config(root: Path) -> Path:
     for sub in ("etc", "state", "spool", "log", "run", "dev", "bin"):
         (root / sub).mkdir()
+    # the daemons' ports from one call, so no two of them are the same port
+    *node_ports, ctld_port = discovery.free_ports("127.0.0.1", NUM_NODES + 1)
     node_lines = "".join(
-        f"NodeName=n{i + 1} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
+        f"NodeName=n{i + 1} NodeHostname=localhost NodeAddr=127.0.0.1 Port={node_ports[i]} "
         f"CPUs=32 RealMemory=256000 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN\n"
         for i in range(NUM_NODES)
     )
     conf = root / "etc/slurm.conf"
     conf.write_text(
-        f"ClusterName=areal-pytest\nSlurmctldHost=localhost\nSlurmctldPort={free_port()}\n"
+        f"ClusterName=areal-pytest\nSlurmctldHost=localhost\nSlurmctldPort={ctld_port}\n"
         "SlurmUser=root\nAuthType=auth/none\nCredType=cred/none\n"
         # a requeued job may start again only after cred_expire (default 120 s)
         "AuthInfo=cred_expire=5\n"
@@ -200,10 +198,15 @@ def drain(cluster: LocalSlurm) -> None:
 
 
 def local_port_overrides(num_servers: int) -> list[str]:
-    """Free loopback ports for every role: on local_slurm all 'nodes' share this host."""
+    """Free loopback ports for every role: on local_slurm all 'nodes' share this host.
+
+    One block from one call: ports picked by separate calls are each free but may be the same
+    port (nothing holds them between calls), which `launch.submit` then refuses. The servers
+    come last, with room for as many again (a satellite or a grown pool serves at base_port + index)."""
+    first = free_port_block(4 + 2 * num_servers)
     return [
-        f"rollout.base_port={free_port_block(num_servers)}",
-        f"rollout.controller_port={free_port_block(2)}",
-        f"weight_sync.master_port={free_port()}",
-        f"cluster.master_port={free_port()}",
+        f"rollout.controller_port={first}",  # and controller_port+1
+        f"weight_sync.master_port={first + 2}",
+        f"cluster.master_port={first + 3}",
+        f"rollout.base_port={first + 4}",
     ]

@@ -126,11 +126,20 @@ def test_a_satellite_node_joins_serves_and_drains(slurm_cluster: LocalSlurm, tmp
     slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
     batch_log = run_dir / "logs" / f"sbatch-{job_id}.out"
     deadline = time.monotonic() + TIMEOUT_S
-    while "checkpoint written: requeueing" not in batch_log.read_text():
+    # Cancel only once the requeue took effect and the job is back in the queue: the script logs
+    # this line just before it runs `scontrol requeue`, which also requeues a job already cancelled,
+    # so a scancel sent on the log line alone was undone and the job ran again (CI, stop 46); a job
+    # still completing may refuse the cancel. The requeued attempt cannot start before the
+    # credentials expire (120 s), so the cancel lands on a pending job.
+    while not (
+        "checkpoint written: requeueing" in batch_log.read_text()
+        and "Restarts=1" in slurm_cluster.run("scontrol", "-o", "show", "job", job_id, check=False).stdout
+        and set(slurm_cluster.job_states(job_id)) == {"PENDING"}
+    ):
         assert time.monotonic() < deadline, pipeline.dump_logs(run_dir)
         time.sleep(0.2)
     slurm_cluster.run("scancel", job_id)
-    slurm_cluster.wait_until_done(job_id, timeout_s=120)
+    assert set(slurm_cluster.wait_until_done(job_id, timeout_s=120)) == {"CANCELLED"}
 
     rows = read_jsonl(run_dir / "ledger.jsonl")
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))

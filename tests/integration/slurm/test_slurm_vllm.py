@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from local_slurm import LocalSlurm, free_port_block
+from local_slurm import LocalSlurm
 from test_slurm_pipeline import dump_logs, lean_overrides, make_submit
 
 from areal_jobs.metrics import read_jsonl
@@ -28,13 +28,11 @@ def test_vllm_experiment_completes_as_a_het_job(slurm_cluster: LocalSlurm, tmp_p
         pytest.fail(f"{VENV_PYTHON} is missing: run `make vllm-venv` (make test does)")
     total_steps = 3
     overrides = lean_overrides(tmp_path, "tiny-slurm-vllm", total_steps)
-    overrides = [o for o in overrides if not o.startswith("rollout.base_port=")]
     overrides += [
         "rollout/engine=vllm",
         "rollout.kv_cache_gib=0.25",
         "cluster.nodes=2",
         "cluster.rollout_fraction=0.5",
-        f"rollout.base_port={free_port_block(1)}",
     ]
     job_id = make_submit(slurm_cluster, overrides)
     run_dir = tmp_path / "runs" / "tiny-slurm-vllm"

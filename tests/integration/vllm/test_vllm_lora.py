@@ -34,7 +34,7 @@ from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.server_pool import ServerPool
 from areal_jobs.rollout.weight_update import WeightUpdateOrchestrator
-from areal_jobs.trainer.torch_backend import TorchBackend
+from areal_jobs.trainer.torch.backend import TorchBackend
 from areal_jobs.weights.buckets import tensor_bytes
 from tests.integration.engine_parity import (
     ZeroScorer,

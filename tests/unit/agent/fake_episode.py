@@ -18,7 +18,7 @@ from areal_jobs.config import DataConfig
 from areal_jobs.data.chat import PromptFormat
 from areal_jobs.data.tokenizer import TextTokenizer
 
-BUILTIN = Path(__file__).resolve().parents[3] / "areal_jobs" / "data" / "builtin_model"
+BUILTIN = Path(__file__).resolve().parents[3] / "areal_jobs" / "tasks" / "models" / "builtin_model"
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
     " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"

@@ -5,7 +5,7 @@ from dataclasses import asdict
 import numpy as np
 
 from areal_jobs.agent.episode import EpisodeState
-from areal_jobs.trainer.batch import split_fresh
+from areal_jobs.trainer.intake.batch import split_fresh
 from areal_jobs.transport import messages as m
 
 

@@ -17,12 +17,12 @@ from areal_jobs.agent.tool_arith import tool_arith
 from areal_jobs.agent.tools import Toolbox
 from areal_jobs.api import FinishReason
 from areal_jobs.config import AlgoConfig, RolloutConfig, WorkflowConfig
-from areal_jobs.data import arith_task
 from areal_jobs.data.prompts import Prompt
 from areal_jobs.rollout.controller import RolloutController
 from areal_jobs.rollout.evaluation import evaluate_problems
 from areal_jobs.rollout.generation import GenerationPath, Sampling
 from areal_jobs.rollout.server_pool import ServerPool
+from areal_jobs.tasks import arith_task
 
 from .scripted import Scripted, answer
 

@@ -10,10 +10,10 @@ import pytest
 from areal_jobs.agent.tools import MAX_EXPRESSION_CHARS, Toolbox, calculator, call_tool
 from areal_jobs.api import RewardResult, RewardStatus
 from areal_jobs.config import WorkflowConfig
-from areal_jobs.data import arith_task
-from areal_jobs.data.arith_tools import call_expression
 from areal_jobs.reward.sandbox import SandboxRun
 from areal_jobs.reward.tool_python import tool_text
+from areal_jobs.tasks import arith_task
+from areal_jobs.tasks.arith_tools import call_expression
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_calculator_refuses_long_and_deep_expressions() -> None:
 
 
 def test_the_calculator_answers_every_arith_step_with_its_right_digit() -> None:
-    """The warm start appends str(right) after a call (data/arith_tools.py): the calculator must
+    """The warm start appends str(right) after a call (tasks/arith_tools.py): the calculator must
     produce exactly that text for all 60 facts, or the workflow would append other tokens."""
     for value in range(arith_task.MODULUS):
         for sign in "+-":

@@ -1,4 +1,4 @@
-"""bench/ablation_table.py on hand-made run records and metric rows (values worked out by hand)."""
+"""bench/staleness/ablation_table.py on hand-made run records and metric rows (values worked out by hand)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.ablation_table import (
+from bench.staleness.ablation_table import (
     ablation_markdown,
     ablation_summary,
     bootstrap_ci,
@@ -47,7 +47,7 @@ def test_mean_sd_uses_the_sample_standard_deviation():
 
 
 def test_paired_differences_pair_by_seed_and_skip_unpaired_seeds():
-    d = paired_differences(RUNS, "decoupled", "sampled_end")[(1e-3, 4, 8)]
+    d = paired_differences(RUNS, "decoupled", "sampled_end")[(1e-3, 4, 8, 0)]
     assert d["seeds"] == [1, 2, 3]
     assert d["diffs"] == pytest.approx([0.10, 0.05, -0.05])
     assert d["mean"] == pytest.approx(0.10 / 3) and d["sd"] == pytest.approx(
@@ -104,8 +104,14 @@ def test_ablation_summary_and_markdown():
     assert c["paired"]["decoupled-naive"]["sampled_end"]["mean"] == pytest.approx(0.10 / 3)
     assert c["paired"]["decoupled_nocap-naive"]["sampled_end"] is None  # that arm did not run
     lines = ablation_markdown(cells).splitlines()
-    assert lines[3].startswith("| 0.001 | 4 | 8 | 0.200 ± 0.000 (0.100 ± 0.000) | 0.450 ± 0.050 |")
-    assert lines[3].endswith("| - | 3 | 0/3 / 1/4 / - |")
+    # one row per cell and arm (that ran there) against naive
+    assert lines[2].startswith(
+        "| 0.001 | 4 | 0 | fixed | 0.010 ± 0.000 (0.005 ± 0.000) | decoupled | 0.440 | 0.420 | +0.020 ["
+    )
+    assert lines[3].startswith(
+        "| 0.001 | 4 | 8 | fixed | 0.200 ± 0.000 (0.100 ± 0.000) | decoupled | 0.365 ± 0.238 | 0.450 ± 0.050 | +0.033 ["
+    )
+    assert lines[3].endswith("| 3 | 1/4 / 0/3 |")
     assert c["arms"]["decoupled"]["collapsed"] == 1 and c["arms"]["naive"]["collapsed"] == 0
     # the per-arm mechanism table, after the main one: one row per cell and arm
     mech = lines[lines.index("| lr | mb | delay | arm | runs | collapsed | pre-clipped | cut by naive's clip | "
@@ -149,6 +155,26 @@ def test_pooled_by_delay_concatenates_the_pairs_of_every_lr():
     assert s["negative"] == 2 and s["sign_p"] == 1.0
     assert pooled[8]["reward_auc"]["mean"] == pytest.approx(-0.10 / 8)  # reward_auc = sampled / 2
     text = pooled_markdown(pooled).splitlines()
-    assert text[3].startswith("| 8 | 0.0005, 0.001 | 4 | -0.025 [")
+    assert text[3].startswith("| decoupled | 8 | 0.0005, 0.001 | 4 | -0.025 [")
     assert "| 2/4 (1) |" in text[3]
     assert pooled_markdown({}) == "(no seed pairs yet)"
+
+
+def test_new_arms_and_prompt_orders_get_rows_of_their_own():
+    """issue 42: an arm beside naive on runs whose prompt order followed the seed (data_seed set)
+    forms its own cell ("/ds"), paired only with the naive runs of that order; every arm gets a
+    row of the table and of the pooled table."""
+    ds = [run("naive", 1, 0.40, data_seed=1), run("m2po", 1, 0.46, data_seed=1),
+          run("naive", 2, 0.30, data_seed=2), run("m2po", 2, 0.34, data_seed=2),
+          run("cispo", 1, 0.20, data_seed=1)]  # fmt: skip
+    cells = ablation_summary(RUNS + ds)
+    assert list(cells) == ["0.001/4/0", "0.001/4/8", "0.001/4/8/ds"]
+    c = cells["0.001/4/8/ds"]
+    assert c["data_follows_seed"] is True and c["arms"]["naive"]["seeds"] == [1, 2]
+    assert c["paired"]["m2po-naive"]["sampled_end"]["diffs"] == pytest.approx([0.06, 0.04])
+    assert c["paired"]["cispo-naive"]["sampled_end"]["diffs"] == pytest.approx([-0.20])
+    assert c["paired"]["decoupled-naive"]["sampled_end"] is None  # the fixed-order runs do not pair here
+    lines = ablation_markdown(cells).splitlines()
+    rows = [line for line in lines if line.startswith("| 0.001 | 4 | 8 | seed |")]
+    assert [r.split(" | ")[5] for r in rows] == ["m2po", "cispo"]
+    assert "| m2po | 8 | 0.001 | 2 | +0.050 [" in "\n".join(lines)

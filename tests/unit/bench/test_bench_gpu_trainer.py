@@ -1,4 +1,4 @@
-"""bench/gpu_trainer.py's logic on CPU: the FLOPs in three units (the peers' formula against
+"""bench/trainer/gpu_trainer.py's logic on CPU: the FLOPs in three units (the peers' formula against
 prime-rl's published figures), the batch shape, the points the planner lets run, the time model
 and the budget refusal, the table and the memory refit. The bench itself runs in
 tests/integration/bench/test_gpu_trainer_smoke.py (--smoke) and on a lent GPU (bench/README.md)."""
@@ -9,9 +9,9 @@ import argparse
 
 import pytest
 
-from bench import gpu_trainer
-from bench import gpu_trainer_report as report
-from launch.planning.model_shape import NAMED_SHAPES, shape_from_hf_config
+from bench.trainer import gpu_trainer
+from bench.trainer import gpu_trainer_report as report
+from launch.planning.fit.model_shape import NAMED_SHAPES, shape_from_hf_config
 
 QWEN3_0P6B = {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
               "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936,
@@ -135,7 +135,7 @@ def test_table_and_refit_from_rows():
     assert fit["allocated_above_prediction_bytes/flex"] == 1 << 30
     assert fit["allocated_above_prediction_bytes/varlen"] == 0
     result = {"device": {"name": "NVIDIA H100 80GB HBM3", "torch": "2.11", "triton": "3.6", "peak_tflops": 989.0},
-              "shape": "model.shape=qwen2_1p5b", "dtype": "bfloat16", "command": "python -m bench.gpu_trainer",
+              "shape": "model.shape=qwen2_1p5b", "dtype": "bfloat16", "command": "python -m bench.trainer.gpu_trainer",
               "wall_s": 400.0, "budget_s": 480.0, "points": rows, "fit": fit}  # fmt: skip
     table = report.markdown(result)
     assert (

@@ -1,6 +1,6 @@
 """The trainer_memory bench's check for full-size tensors goes by shape, not by size."""
 
-from bench.trainer_memory_bench import full_size_tensors
+from bench.trainer.trainer_memory_bench import full_size_tensors
 
 V = 151936
 

@@ -13,7 +13,9 @@ from areal_jobs.config import (
     PauseMode,
     RolloutEngine,
     TrainerBackend,
+    load_job_config,
     register_configs,
+    save_job_config,
     to_job_config,
 )
 
@@ -39,6 +41,24 @@ def test_shell_overrides_and_groups():
     assert cfg.rollout.pause_mode is PauseMode.in_place and cfg.trainer.total_steps == 7
 
 
+def test_max_staleness_auto_from_the_command_line(tmp_path):
+    cfg = job("algo.max_staleness=auto")
+    assert cfg.algo.staleness_auto and cfg.algo.max_staleness == cfg.algo.staleness_ceiling == 8
+    cfg = job("algo.max_staleness=auto", "algo.staleness_ceiling=16", "algo.staleness_drift=ess")
+    assert cfg.algo.max_staleness == 16 and cfg.algo.staleness_drift.value == "ess"
+    assert job("algo.max_staleness=2").algo.staleness_auto is False
+    # the resolved config every role reads keeps the run auto (max_staleness holds the ceiling)
+    save_job_config(cfg, tmp_path / "config.yaml")
+    again = load_job_config(tmp_path / "config.yaml")
+    assert again.algo.staleness_auto and again.algo.max_staleness == 16
+    with pytest.raises(ValueError, match=r"algo\.exact_delay=-1"):
+        job("algo.max_staleness=auto", "algo.exact_delay=8")
+    with pytest.raises(ValueError, match=r"algo\.staleness_ceiling"):
+        job("algo.max_staleness=auto", "algo.staleness_floor=8")
+    with pytest.raises(ValueError, match=r"algo\.max_staleness=auto"):
+        job("algo.staleness_auto=true", "algo.max_staleness=4")
+
+
 def test_rollout_engine_is_a_config_group():
     assert job().rollout.engine is RolloutEngine.sglang
     assert job("rollout/engine=vllm").rollout.engine is RolloutEngine.vllm
@@ -50,7 +70,7 @@ def test_rollout_engine_is_a_config_group():
     "override, error",
     [
         ("algo.max_stalenes=4", ConfigCompositionException),  # misspelled key
-        ("algo.max_staleness=lots", ConfigCompositionException),  # wrong type
+        ("algo.staleness_drift=kl", ConfigCompositionException),  # not an Enum member
         ("rollout.pause_mode=rdma", ConfigCompositionException),  # not an Enum member
         ("trainer=jax", ConfigCompositionException),  # no such group option
     ],
@@ -64,6 +84,9 @@ def test_bad_overrides_are_rejected(override, error):
     "override, fragment",
     [
         ("algo.max_staleness=-1", "algo.max_staleness"),
+        # a wrong type: max_staleness is Any (int or auto), so __post_init__ refuses it by name
+        ("algo.max_staleness=lots", "algo.max_staleness"),
+        ("algo.max_staleness=1.5", "algo.max_staleness"),
         ("algo.group_size=1", "algo.group_size"),
         ("trainer.tp_size=2", "trainer=megatron"),
         ("data.dataset=gsm8k", "data.train_path"),

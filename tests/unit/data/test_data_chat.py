@@ -119,7 +119,7 @@ def test_load_prompts_renders_training_and_held_out_alike(chat_model, tmp_path):
 
 def test_the_builtin_task_is_unchanged_without_a_template(tmp_path):
     prompts = load_prompts(DataConfig(num_eval_prompts=1), str(tmp_path), encode)
-    from areal_jobs.data import arith_task
+    from areal_jobs.tasks import arith_task
 
     assert prompts.first_prompt == arith_task.problem_at(1, 0).prompt
     assert prompts.stream.at(0).input_ids == encode(arith_task.problem_at(1, 0).prompt)

@@ -1,4 +1,4 @@
-"""Autoscale (launch/planning/autoscale.py): how many rollout nodes beside a fixed trainer, by hand-worked
+"""Autoscale (launch/planning/replanning/autoscale.py): how many rollout nodes beside a fixed trainer, by hand-worked
 throughput curves, and once on the simulator."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import copy
 import pytest
 from test_launch_simulate import SMALL  # the small 8-node profile the simulator tests use
 
-from launch.planning.autoscale import pool_throughput, scale_decision
+from launch.planning.replanning.autoscale import pool_throughput, scale_decision
 from launch.planning.sim.engine import run_async
 from launch.planning.sim.profile import load_profile
 

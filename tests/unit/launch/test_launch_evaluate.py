@@ -17,19 +17,19 @@ from launch.evaluation.evaluate import max_prompt_tokens, parse_args
 from launch.evaluation.report import build_report, summary_line, write_report
 
 REPO = Path(__file__).resolve().parents[3]
-BUILTIN = REPO / "areal_jobs" / "data" / "builtin_model"
+BUILTIN = REPO / "areal_jobs" / "tasks" / "models" / "builtin_model"
 GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test_head50.jsonl"
 
 
 def test_defaults_evaluate_the_builtin_model_on_the_builtin_task_with_pass_at_1_and_n():
     args = parse_args([])
     assert args.kind is EvalSet.builtin and args.samples == 8 and args.ks == [1, 8] and args.greedy
-    assert args.out == "runs/eval/data-builtin_model-builtin"
+    assert args.out == "runs/eval/models-builtin_model-builtin"
 
 
 def test_countdown_set_defaults_to_the_countdown_warm_start():
     args = parse_args(["--data", "countdown"])
-    assert args.kind is EvalSet.countdown and args.ckpt == "areal_jobs/data/builtin_model_countdown"
+    assert args.kind is EvalSet.countdown and args.ckpt == "areal_jobs/tasks/models/builtin_model_countdown"
     assert args.spec().path == "" and parse_args(["--data", "countdown", "--ckpt", "x"]).ckpt == "x"
 
 

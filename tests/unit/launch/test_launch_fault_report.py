@@ -8,10 +8,10 @@ import json
 import pytest
 from test_launch_simulate import SMALL  # the small 8-node profile the simulator tests use
 
+from launch.planning.reports.simulate import main
 from launch.planning.sim.engine import run_async
 from launch.planning.sim.faults import FaultModel, compare
 from launch.planning.sim.profile import load_profile
-from launch.planning.simulate import main
 
 
 def test_faults_report(tmp_path, capsys):

@@ -15,8 +15,8 @@ from areal_jobs.config import (
     TrainerBackend,
     TrainerConfig,
 )
-from launch.planning.gpu_shares import RESERVE, local_shares, shares_for
-from launch.planning.plan import apply_plan, plan_job
+from launch.planning.fit.gpu_shares import RESERVE, local_shares, shares_for
+from launch.planning.layout.plan import apply_plan, plan_job
 
 GIB = 1 << 30
 

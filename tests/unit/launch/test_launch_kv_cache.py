@@ -1,4 +1,4 @@
-"""The rollout side of the memory plan (launch/planning/kv_cache.py): SGLang's default static
+"""The rollout side of the memory plan (launch/planning/fit/kv_cache.py): SGLang's default static
 memory share, KV bytes per token, the clipped mean answer length, and the concurrency verdict."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from areal_jobs.config import (
     RolloutConfig,
     RolloutEngine,
 )
-from launch.planning.kv_cache import (
+from launch.planning.fit.kv_cache import (
     VLLM_GPU_MEMORY_UTILIZATION,
     VLLM_MAX_NUM_SEQS,
     VLLM_OVERHEAD_BYTES,
@@ -24,7 +24,7 @@ from launch.planning.kv_cache import (
     mean_clipped_lognormal,
     sglang_default_mem_fraction,
 )
-from launch.planning.model_shape import named_shape
+from launch.planning.fit.model_shape import named_shape
 from launch.planning.sim.profile import load_profile
 
 GIB = 1 << 30

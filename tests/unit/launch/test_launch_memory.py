@@ -1,4 +1,4 @@
-"""The trainer memory model (launch/planning/memory.py): hand-computed small shapes, the named
+"""The trainer memory model (launch/planning/fit/memory.py): hand-computed small shapes, the named
 shapes' parameter counts, the refusal with its fitting overrides, and every committed experiment."""
 
 from __future__ import annotations
@@ -28,10 +28,15 @@ from areal_jobs.config import (
     register_configs,
     to_job_config,
 )
-from launch.planning.memory import RUNTIME_RESERVE_BYTES, GpuOverheads, TrainerMemoryInputs, trainer_memory
-from launch.planning.memory_plan import USABLE_SHARE, check_memory, memory_plan, memory_shares
-from launch.planning.model_shape import ModelShape, named_shape, resolve_shape, shape_from_hf_config
-from launch.planning.plan import apply_plan, plan_job
+from launch.planning.fit.memory import (
+    RUNTIME_RESERVE_BYTES,
+    GpuOverheads,
+    TrainerMemoryInputs,
+    trainer_memory,
+)
+from launch.planning.fit.memory_plan import USABLE_SHARE, check_memory, memory_plan, memory_shares
+from launch.planning.fit.model_shape import ModelShape, named_shape, resolve_shape, shape_from_hf_config
+from launch.planning.layout.plan import apply_plan, plan_job
 from launch.slurm.submit import prepare
 
 REPO = Path(__file__).resolve().parents[3]
@@ -256,7 +261,13 @@ def test_every_committed_experiment_fits(experiment: str) -> None:
         cfg = compose(config_name="submit", overrides=[f"experiment={experiment}"])
     job = to_job_config(cfg)
     if job.cluster.kind is ClusterKind.local:  # a CPU recipe (local_*): nothing to size
-        assert experiment in {"countdown", "local_own_model", "local_reward_model"}
+        assert experiment in {
+            "countdown",
+            "local_own_model",
+            "local_reward_model",
+            "mixture_local",
+            "local_moe",
+        }
         return
     prepared = prepare(job, cwd="/shared/areal_jobs", python="python")
     assert prepared.memory is not None, "a committed experiment names its model.shape"
@@ -265,19 +276,19 @@ def test_every_committed_experiment_fits(experiment: str) -> None:
 
 
 def test_launch_local_checks_memory_only_where_a_gpu_is_visible(monkeypatch, capsys) -> None:
-    from launch.run import local
+    from launch.run import preflight
 
     big = dataclasses.replace(
         flagship(), cluster=ClusterConfig(kind=ClusterKind.local, gpus_per_node=1, gpu_memory_gib=80)
     )
-    monkeypatch.setattr(local, "gpu_visible", lambda: False)
-    local.check_local_memory(big)  # CPU: nothing to divide, nothing printed
+    monkeypatch.setattr(preflight, "gpu_visible", lambda: False)
+    preflight.check_local_memory(big)  # CPU: nothing to divide, nothing printed
     assert capsys.readouterr().out == ""
-    monkeypatch.setattr(local, "gpu_visible", lambda: True)
+    monkeypatch.setattr(preflight, "gpu_visible", lambda: True)
     with pytest.raises(SystemExit, match="invalid configuration: a trainer rank needs"):
-        local.check_local_memory(big)
+        preflight.check_local_memory(big)
     small = dataclasses.replace(big, trainer=dataclasses.replace(big.trainer, max_tokens_per_microbatch=1024))
-    local.check_local_memory(small)
+    preflight.check_local_memory(small)
     out = capsys.readouterr().out
     assert "trainer memory per rank (megatron TP 1 x PP 1 x DP 1" in out
     assert "less the colocated server's weights" in out  # launch.local's servers share the GPU
@@ -286,7 +297,7 @@ def test_launch_local_checks_memory_only_where_a_gpu_is_visible(monkeypatch, cap
 def test_auto_fraction_only_weighs_splits_whose_trainer_fits() -> None:
     """4 nodes x 1 GPU: 3 rollout nodes leave DP 1, whose unsharded Adam state (20 GiB for 1.78B
     parameters) does not fit a 40 GiB GPU; on an 80 GiB GPU it does and competes."""
-    from launch.planning.allocation import resolve_rollout_fraction
+    from launch.planning.layout.allocation import resolve_rollout_fraction
 
     def job(gpu_gib: float) -> JobConfig:
         return dataclasses.replace(

@@ -1,4 +1,4 @@
-"""GPU-level placement (launch/planning/placement.py, launch/planning/plan.py): splits worked out by hand.
+"""GPU-level placement (launch/planning/layout/placement.py, launch/planning/layout/plan.py): splits worked out by hand.
 
 8 GPUs per node, rollout fraction 0.75, rollout TP 1 unless stated:
   1 node:  floor(8 * 0.75) = 6 rollout GPUs, 2 trainer GPUs (6, 7) on the same node
@@ -13,8 +13,8 @@ import pytest
 from test_launch_plan import make_job
 
 from areal_jobs.config import ClusterConfig, ClusterKind, Placement, TrainerBackend
-from launch.planning.placement import split_gpus
-from launch.planning.plan import apply_plan, plan_job
+from launch.planning.layout.placement import split_gpus
+from launch.planning.layout.plan import apply_plan, plan_job
 
 
 def cluster(nodes: int, **kw) -> ClusterConfig:

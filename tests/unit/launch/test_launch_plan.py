@@ -16,7 +16,7 @@ from areal_jobs.config import (
     TrainerConfig,
     WeightSyncConfig,
 )
-from launch.planning.plan import DEFAULT_SERVER_BASE_PORT, apply_plan, plan_job
+from launch.planning.layout.plan import DEFAULT_SERVER_BASE_PORT, apply_plan, plan_job
 
 
 def make_job(

@@ -17,7 +17,7 @@ from areal_jobs.config import (
     TrainerBackend,
     TrainerConfig,
 )
-from launch.planning.plan import apply_plan, plan_job
+from launch.planning.layout.plan import apply_plan, plan_job
 from launch.slurm import golden
 from launch.slurm.render import render_sbatch
 

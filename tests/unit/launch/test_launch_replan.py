@@ -1,4 +1,4 @@
-"""Online re-planning (launch/planning/replan.py): measured numbers into the simulator profile by hand-worked
+"""Online re-planning (launch/planning/replanning/replan.py): measured numbers into the simulator profile by hand-worked
 values, the recommendation against the planner it runs, and the growing-answers comparison."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 from test_launch_simulate import SMALL  # the small 8-node profile the simulator tests use
 
-from launch.planning.allocation import choose_rollout_fraction
-from launch.planning.replan import (
+from launch.planning.layout.allocation import choose_rollout_fraction
+from launch.planning.replanning.replan import (
     Measurement,
     decode_model,
     fit_lengths,

@@ -22,8 +22,8 @@ from areal_jobs.config import (
     TrainerBackend,
     TrainerConfig,
 )
-from launch.planning.plan import apply_plan, plan_job
-from launch.planning.reward_plan import check_reward_servers, rollout_answers_per_s
+from launch.planning.fit.reward_plan import check_reward_servers, rollout_answers_per_s
+from launch.planning.layout.plan import apply_plan, plan_job
 from launch.slurm.render import render_sbatch
 
 

@@ -21,7 +21,7 @@ from areal_jobs.config import (
     save_job_config,
 )
 from areal_jobs.transport import discovery
-from launch.planning.plan import apply_plan, plan_job
+from launch.planning.layout.plan import apply_plan, plan_job
 from launch.run.scale import main
 from launch.slurm import satellites as scale_slurm
 from launch.slurm.satellites import Satellite, next_index, read_satellites, render_satellite, write_satellites

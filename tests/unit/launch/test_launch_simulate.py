@@ -1,6 +1,6 @@
 """The cluster simulator and the allocation planner: eta = 0 makes the asynchronous schedule the
 synchronous one, the planner never loses to the paper's 75% split, sanity of the trends, the
-paper setting's shape, and cluster.rollout_fraction=auto through launch.planning.plan."""
+paper setting's shape, and cluster.rollout_fraction=auto through launch.planning.layout.plan."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from areal_jobs.config import (
     TrainerBackend,
     TrainerConfig,
 )
-from launch.planning.allocation import choose_rollout_fraction, resolve_auto_fraction
-from launch.planning.plan import apply_plan, plan_job
+from launch.planning.layout.allocation import choose_rollout_fraction, resolve_auto_fraction
+from launch.planning.layout.plan import apply_plan, plan_job
 from launch.planning.sim import engine
 from launch.planning.sim.engine import run_async, run_sync
 from launch.planning.sim.profile import PROFILE_DIR, RolloutSpeed, load_profile
@@ -158,7 +158,7 @@ def test_simulator_imports_without_the_gpu_stack():
         "        if name.split('.')[0] in {'sglang', 'megatron', 'torch', 'transformers'}:\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import launch.planning.sim.engine, launch.planning.sim.sweep, launch.planning.allocation, launch.plan_allocation\n"
+        "import launch.planning.sim.engine, launch.planning.sim.sweep, launch.planning.layout.allocation, launch.plan_allocation\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Small-cluster guidance (launch/planning/small_clusters.py) and the colocated schedule.
+"""Small-cluster guidance (launch/planning/layout/small_clusters.py) and the colocated schedule.
 
 The guidance runs the real simulator on the paper
 profile cut to few steps, and must return a split the placement can render, an eta from the
@@ -11,11 +11,11 @@ import pytest
 from test_launch_plan import make_job
 
 from areal_jobs.config import Placement
-from launch.planning.allocation import choose_rollout_fraction
-from launch.planning.allocation import main as plan_allocation_main
-from launch.planning.placement import colocated_schedule
+from launch.planning.layout.allocation import choose_rollout_fraction
+from launch.planning.layout.allocation import main as plan_allocation_main
+from launch.planning.layout.placement import colocated_schedule
+from launch.planning.layout.small_clusters import ETA_CANDIDATES, advise, gpu_profile
 from launch.planning.sim.profile import load_profile
-from launch.planning.small_clusters import ETA_CANDIDATES, advise, gpu_profile
 
 QUICK = ["run.warmup_steps=2", "run.measure_steps=2"]
 

@@ -59,7 +59,7 @@ def test_prepare_fills_submission_defaults_and_plans(tmp_path: Path) -> None:
     assert prepared.job.cluster.python == "/home/me/venv/bin/python"
     assert prepared.run_dir == Path("/home/me/areal/runs/tiny-arith/a=1")
     assert prepared.job.rollout.num_servers == 3
-    assert prepared.job.model.builtin_dir == "/home/me/areal/areal_jobs/data/builtin_model"
+    assert prepared.job.model.builtin_dir == "/home/me/areal/areal_jobs/tasks/models/builtin_model"
     assert "#SBATCH --chdir=/home/me/areal" in prepared.script
 
 

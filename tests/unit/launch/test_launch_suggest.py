@@ -1,5 +1,5 @@
 """Refused layouts name the overrides that make them work, computed by planning each candidate
-(launch/planning/suggest.py), and the plan line and layout comments say what the hostfiles do."""
+(launch/planning/layout/suggest.py), and the plan line and layout comments say what the hostfiles do."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from areal_jobs.config import JobConfig, register_configs, to_job_config
-from launch.planning.placement import LayoutError
-from launch.planning.plan import plan_job
-from launch.planning.suggest import layout_fixes, plan_or_explain
+from launch.planning.layout.placement import LayoutError
+from launch.planning.layout.plan import plan_job
+from launch.planning.layout.suggest import layout_fixes, plan_or_explain
 from launch.slurm.golden import CONF_DIR
 from launch.slurm.render import render_sbatch
 

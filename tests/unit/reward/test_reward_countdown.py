@@ -6,9 +6,9 @@ import json
 import pytest
 
 from areal_jobs.api import RewardStatus
-from areal_jobs.data import countdown_task
 from areal_jobs.reward.countdown import evaluate, is_solution
 from areal_jobs.reward.registry import resolve
+from areal_jobs.tasks import countdown_task
 
 REF = json.dumps({"numbers": [7, 6, 4], "target": 38})
 reward = resolve("countdown")

@@ -36,6 +36,7 @@ class Controller:
         self.running = asyncio.Event()
         self.running.set()
         self.version = 0
+        self.staleness_bound = 4  # the admission bound VersionPublished reports
 
     def on_trained(self, group_ids, version=None) -> None:
         pass

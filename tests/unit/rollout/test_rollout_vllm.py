@@ -1,4 +1,4 @@
-"""The pure parts of the vLLM engine: response parsing (recorded payload shapes), the launch command
+"""The pure parts of the vLLM engine: the request body, response parsing (recorded payload shapes), the launch command
 and environment, the pause-mode mapping, the API-key middleware, and the engine registry."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from areal_jobs.api import FinishReason, RolloutEngineClient
+from areal_jobs.api import FinishReason, GenerateRequest, RolloutEngineClient
 from areal_jobs.config import DType, RolloutConfig, RolloutEngine
 from areal_jobs.rollout.engines import make_client
 from areal_jobs.rollout.sglang_client import SGLangClient
 from areal_jobs.rollout.vllm_auth import RequireApiKey
-from areal_jobs.rollout.vllm_client import PAUSE_MODES, VLLMClient, parse_generate
+from areal_jobs.rollout.vllm_client import PAUSE_MODES, VLLMClient, generate_body, parse_generate
 from areal_jobs.rollout.vllm_server import vllm_command, vllm_env, vllm_python
 
 
@@ -36,6 +36,22 @@ def payload(tokens, logprobs, finish="stop", spans=(("default", 0, None),)):
             }
         ],
     }
+
+
+def test_generate_body_carries_the_version_salt_and_the_sampling_params():
+    """The controller's prefix-cache namespace `v<version>` reaches vLLM's token route, which hashes
+    it into the prompt's first block (issue 42: without it a request reused KV of older weights)."""
+    request = GenerateRequest("r.0", [1, 2, 3], 8, temperature=0.001, seed=5, stop_token_ids=(0,),
+                              stop=("\n",), cache_salt="v7")  # fmt: skip
+    body = generate_body(request)
+    assert body["cache_salt"] == "v7"
+    assert body["request_id"] == "r.0" and body["token_ids"] == [1, 2, 3] and body["output_mode"] == "tokens"
+    assert body["sampling_params"] == {
+        "max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "logprobs": 0, "seed": 5,
+        "stop_token_ids": [0], "stop": ["\n"], "include_stop_str_in_output": True,
+    }  # fmt: skip
+    # no salt asked for: none sent (vLLM refuses an empty one)
+    assert "cache_salt" not in generate_body(GenerateRequest("r.1", [1], 4))
 
 
 def test_parse_generate_reads_tokens_logprobs_finish_and_the_oldest_version():

@@ -34,7 +34,7 @@ def inputs(dtype=torch.float32, seed=0, vocab=V):
 
 
 def run_head(kernel, hidden, weight, targets, a, b, *, temperature, entropy_grad, chunk=CHUNK, **kw):
-    from areal_jobs.trainer.logprobs import head_logprobs
+    from areal_jobs.trainer.forward.logprobs import head_logprobs
 
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     logp, entropy = head_logprobs(
@@ -68,7 +68,7 @@ def errors(got, want) -> dict:
 
 def case_float64_exact(temperature, entropy_grad):
     """float64 kernels against plain float64 autograd: the formulas, rounding out of the way."""
-    from areal_jobs.trainer.logprobs import full_vocab_logprobs
+    from areal_jobs.trainer.forward.logprobs import full_vocab_logprobs
 
     hidden, weight, targets, a, b = inputs(torch.float64, seed=1)
     got = run_head(
@@ -115,7 +115,7 @@ def case_padded_vocabulary():
 
 def shard_stats(hidden, weight, targets, temperature, rank, world, num_valid):
     """One TP shard's kernel statistics, as _fused_chunk computes them (its local logits)."""
-    from areal_jobs.trainer import logprob_kernels
+    from areal_jobs.trainer.forward import logprob_kernels
 
     per = weight.shape[0] // world
     start = rank * per
@@ -132,7 +132,7 @@ def shard_stats(hidden, weight, targets, temperature, rank, world, num_valid):
 def combine_in_threads(per_shard):
     """combine_shards on every shard at once, its all-reduces emulated across threads (the
     collectives of one process group, without one): each reduce waits for every shard's tensor."""
-    from areal_jobs.trainer.logprob_kernels import combine_shards
+    from areal_jobs.trainer.forward.logprob_kernels import combine_shards
 
     world = len(per_shard)
     slots: list = [None] * world
@@ -167,7 +167,7 @@ def case_tp2_emulated():
     statistics combined across shards equal the one-shard values; each shard's gradient kernel
     gives exactly its columns of the one-shard dlogits. `swapped_*`: the same with the shards'
     vocabulary offsets exchanged (a wrong shard), which must not match."""
-    from areal_jobs.trainer import logprob_kernels
+    from areal_jobs.trainer.forward import logprob_kernels
 
     hidden, weight, targets, a, _ = inputs(torch.float32, seed=4, vocab=PADDED)
     temperature = 0.8
@@ -217,7 +217,7 @@ def gloo_rank(rank: int, world: int, port: int, queue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        from areal_jobs.trainer import logprob_kernels
+        from areal_jobs.trainer.forward import logprob_kernels
 
         logprob_kernels.CPU_BLOCK_V = 16
         hidden, weight, targets, a, b = inputs(torch.float32, seed=5, vocab=PADDED)
@@ -254,7 +254,7 @@ def case_tp2_gloo():
 
 
 def main() -> int:
-    from areal_jobs.trainer import logprob_kernels
+    from areal_jobs.trainer.forward import logprob_kernels
 
     if not logprob_kernels.interpreting():
         print("run with TRITON_INTERPRET=1 in the environment", file=sys.stderr)

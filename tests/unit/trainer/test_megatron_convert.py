@@ -190,6 +190,29 @@ def test_names_and_shapes_are_those_of_transformers(family):
     assert (d.qkv_bias, d.qk_norm) == (family == "qwen2", family == "qwen3")
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_attention_bias_maps_qkv_and_o_proj_biases(family):
+    """attention_bias (Llama, Qwen3; Qwen3-MoE's built-in model has it): q/k/v and o_proj carry a
+    bias, as transformers builds them; o_proj's is the row-parallel linear's (replicated)."""
+    import transformers
+
+    config_cls, model_cls = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    }[family]
+    cfg = getattr(transformers, config_cls)(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=100, attention_bias=True,
+    )  # fmt: skip
+    hf = {k: tuple(v.shape) for k, v in getattr(transformers, model_cls)(cfg).state_dict().items()}
+    d = ModelDims.from_hf_config(cfg.to_dict())
+    maps = param_maps(d, pp_size=1, pp_rank=0, te_fused_norms=False)
+    ours = {n: s for pm in maps for n, s in zip(pm.hf_names, hf_shapes(pm, d), strict=True)}
+    assert ours == hf
+    (o_bias,) = [pm for pm in maps if pm.megatron_name.endswith("linear_proj.bias")]
+    assert o_bias.kind is Kind.replicated and d.qkv_bias and d.o_bias
+
+
 def test_config_parsing():
     d = dims("llama", rope_parameters=None, rope_theta=5e5, head_dim=None)
     assert d.rope_theta == 5e5 and d.head_dim == 8 and d.heads_per_group == 2

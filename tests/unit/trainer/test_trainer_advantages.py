@@ -5,7 +5,7 @@ import pytest
 
 from areal_jobs.config import Advantage
 from areal_jobs.config.algo import AdvStd
-from areal_jobs.trainer.advantages import group_advantages, is_uniform, overlong_penalty, whiten
+from areal_jobs.trainer.objective.advantages import group_advantages, is_uniform, overlong_penalty, whiten
 
 
 def test_grpo_is_mean_centred_and_std_normalised():

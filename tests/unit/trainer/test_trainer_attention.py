@@ -1,4 +1,4 @@
-"""trainer.attention=varlen (trainer/attention.py): per-sequence causal attention over a packed row
+"""trainer.attention=varlen (trainer/forward/attention.py): per-sequence causal attention over a packed row
 is exact against the dense block-diagonal mask, in the kernel and through transformers' Llama,
 Qwen2 and Qwen3 (GQA: 4 query heads, 2 KV groups), and no [T, T] tensor is allocated on the way.
 
@@ -15,14 +15,14 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from areal_jobs.config import Attention
-from areal_jobs.trainer.attention import (
+from areal_jobs.trainer.forward.attention import (
     HF_VARLEN,
     bounds_of,
     causal_attention_per_sequence,
     hf_attn_implementation,
 )
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.hf_logprobs import token_logprobs
+from areal_jobs.trainer.forward.hf_logprobs import token_logprobs
+from areal_jobs.trainer.intake.batch import TrainSample
 
 # Both paths are judged against a float64 forward of the same weights, in float32 ulps of each
 # true log-prob (np.spacing: 4.8e-7 for the -4..-7 here), so the bound follows the rounding, not
@@ -179,7 +179,7 @@ def test_hf_varlen_logprobs_equal_dense_and_no_tensor_is_t_by_t(family):
 
 def test_hf_varlen_finds_the_sequences_from_position_ids_alone():
     """A caller that passes only the restarting position ids (no cu_seq_lens_q) gets the same."""
-    from areal_jobs.data.packing import pack
+    from areal_jobs.trainer.intake.packing import pack
 
     model = tiny_model("qwen2", Attention.varlen)
     packed = pack([s.input_ids for s in samples()])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from areal_jobs.config import Advantage, AlgoConfig
-from areal_jobs.trainer.batch import assemble, split_fresh
+from areal_jobs.trainer.intake.batch import assemble, split_fresh
 from areal_jobs.transport import messages as m
 
 

@@ -1,4 +1,4 @@
-"""`trainer.compile=true` (trainer/layer_compile.py): each decoder layer compiled with inductor and
+"""`trainer.compile=true` (trainer/forward/layer_compile.py): each decoder layer compiled with inductor and
 dynamic shapes, on CPU (inductor's C++ backend; ~30 s of compiling on 2 cores, once).
 
 A tiny Qwen2 with layer recompute (the two compose: the checkpointed layer is the compiled
@@ -6,7 +6,7 @@ module), compiled, against the same model uncompiled: the packed log-probs withi
 and every parameter's gradient within 64 ulps of its largest entry (inductor fuses and reorders
 float32 sums), at two packed lengths, the second without a new graph (dynamic shapes). Megatron's
 TransformerLayer compiles the same way (measured: 72 s of compiling on CPU, the step's loss equal
-to 1.5e-8): left to bench/gpu_trainer.py, not the suite."""
+to 1.5e-8): left to bench/trainer/gpu_trainer.py, not the suite."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from areal_jobs.config import Attention
-from areal_jobs.trainer.attention import hf_attn_implementation
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.hf_logprobs import enable_layer_recompute, token_logprobs
-from areal_jobs.trainer.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
+from areal_jobs.trainer.forward.attention import hf_attn_implementation
+from areal_jobs.trainer.forward.hf_logprobs import enable_layer_recompute, token_logprobs
+from areal_jobs.trainer.forward.layer_compile import check_compile_device, compile_layers, hf_decoder_layers
+from areal_jobs.trainer.intake.batch import TrainSample
 
 VOCAB = 97
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from areal_jobs.trainer.inbox import Inbox
+from areal_jobs.trainer.intake.inbox import Inbox
 from areal_jobs.transport import messages as m
 
 

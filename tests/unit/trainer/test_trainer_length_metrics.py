@@ -4,6 +4,7 @@ prompt length, by hand."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ from test_trainer_batch import group
 
 from areal_jobs.config import AlgoConfig
 from areal_jobs.data.answer_lengths import LengthStats
-from areal_jobs.trainer.batch import assemble
+from areal_jobs.trainer.intake.batch import assemble
 from areal_jobs.trainer.loop import TrainLoop
 
 
@@ -45,3 +46,17 @@ def test_length_stats_pool_steps_and_fit_the_prompt_spread():
     assert LengthStats.from_metrics([{"reward/mean": 1.0}]) is None
     with pytest.raises(ValueError, match="non-empty group"):
         LengthStats.of_groups([[]])
+
+
+def test_a_failed_reward_is_no_zero_in_the_reward_metrics():
+    """A user function that raised (fn_error) or a reward model that gave no score leaves its
+    sample out of training (trainer/intake/batch.py) and out of reward/mean and reward/accuracy too."""
+    g = group("g1", [[0], [0], [0]], [1.0, 0.0, 0.0])
+    g = replace(g, samples=(*g.samples[:2], replace(g.samples[2], reward_status="fn_error")))
+    batch = assemble([g], trainer_version=0, algo=AlgoConfig(batch_size=1, group_size=3))
+    loop = SimpleNamespace(
+        trained_tokens=0, max_staleness_seen=0, algo=AlgoConfig(batch_size=1, group_size=3)
+    )
+    got = TrainLoop._batch_metrics(loop, batch, [g])
+    assert (got["reward/mean"], got["reward/accuracy"]) == (0.5, 0.5)  # of the two scored samples
+    assert got["reward/non_ok"] == 1.0 and got["batch/unscored_samples"] == 1.0

@@ -1,4 +1,4 @@
-"""The fused Triton log-prob head (trainer/logprob_kernels.py, `trainer.logprob_kernel=triton`).
+"""The fused Triton log-prob head (trainer/forward/logprob_kernels.py, `trainer.logprob_kernel=triton`).
 
 The kernels run on CPU through Triton's interpreter, which TRITON_INTERPRET=1 selects when Triton
 is imported: logprob_kernel_cases.py runs every case in one process of its own with it set (~15 s
@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from areal_jobs.config import LogprobKernel, TrainerConfig
-from areal_jobs.trainer.logprobs import head_logprobs, resolve_kernel
+from areal_jobs.trainer.forward.logprobs import head_logprobs, resolve_kernel
 
 REPO = Path(__file__).resolve().parents[3]
 CASES = Path(__file__).with_name("logprob_kernel_cases.py")
@@ -133,7 +133,7 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from areal_jobs.trainer import logprob_kernels as k
+    from areal_jobs.trainer.forward import logprob_kernels as k
 
     target = GPUTarget("cuda", 90, 32)
     for dtype in ("bf16", "fp32"):
@@ -166,7 +166,7 @@ def test_auto_is_triton_on_cuda_and_torch_on_cpu(monkeypatch):
     assert resolve_kernel(LogprobKernel.auto, torch.device("cpu")) == "torch"
     assert resolve_kernel(LogprobKernel.auto, torch.device("cuda", 0)) == "triton"
     assert resolve_kernel(LogprobKernel.torch, torch.device("cuda", 0)) == "torch"
-    monkeypatch.setattr("areal_jobs.trainer.logprob_kernels.triton_available", lambda: False)
+    monkeypatch.setattr("areal_jobs.trainer.forward.logprob_kernels.triton_available", lambda: False)
     assert resolve_kernel(LogprobKernel.auto, torch.device("cuda", 0)) == "torch"
     with pytest.raises(ValueError, match="trainer.logprob_kernel=torch"):
         resolve_kernel(LogprobKernel.triton, torch.device("cuda", 0))

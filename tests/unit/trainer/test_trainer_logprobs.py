@@ -1,4 +1,4 @@
-"""Chunked LM-head log-probs and entropy (trainer/logprobs.py) against plain full-vocabulary
+"""Chunked LM-head log-probs and entropy (trainer/forward/logprobs.py) against plain full-vocabulary
 autograd: values and gradients, temperature, the entropy gradient, and that no [T, V] tensor is
 ever allocated (while the unchunked path does allocate one). The TP=2 vocab-parallel variant is
 tests/integration/logprobs/test_logprobs_tp.py."""
@@ -13,9 +13,9 @@ import torch
 from float_ulps import assert_within_ulps
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.hf_logprobs import token_logprobs
-from areal_jobs.trainer.logprobs import head_logprobs
+from areal_jobs.trainer.forward.hf_logprobs import token_logprobs
+from areal_jobs.trainer.forward.logprobs import head_logprobs
+from areal_jobs.trainer.intake.batch import TrainSample
 
 N, H, V = 37, 16, 50  # 37 scored tokens: most chunk sizes below do not divide it
 

@@ -23,8 +23,8 @@ from areal_jobs.config import (
     TrainerBackend,
     TrainerConfig,
 )
-from areal_jobs.trainer import lora
-from areal_jobs.trainer.torch_backend import TorchBackend
+from areal_jobs.trainer.forward import lora
+from areal_jobs.trainer.torch.backend import TorchBackend
 
 LORA = LoraConfig(rank=4, alpha=8.0)
 IDS = torch.tensor([[5, 17, 33, 2, 91, 14, 7]])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from areal_jobs.config.algo import AlgoConfig, BehavWeightMode, KLEstimator, LossAgg
-from areal_jobs.trainer.loss import LossStats, ppo_loss, token_weights
+from areal_jobs.trainer.objective.loss import LossStats, ppo_loss, token_weights
 
 ALGO = dict(batch_size=4, group_size=4)
 

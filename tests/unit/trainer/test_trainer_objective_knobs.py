@@ -15,9 +15,9 @@ from areal_jobs.config.algo import (
     KLEstimator,
     LossAgg,
 )
-from areal_jobs.trainer.advantages import overlong_penalty, shape_rewards
-from areal_jobs.trainer.batch import assemble
-from areal_jobs.trainer.loss import ppo_loss, token_weights
+from areal_jobs.trainer.intake.batch import assemble
+from areal_jobs.trainer.objective.advantages import overlong_penalty, shape_rewards
+from areal_jobs.trainer.objective.loss import ppo_loss, token_weights
 from areal_jobs.transport import messages as m
 
 ALGO = dict(batch_size=4, group_size=4)

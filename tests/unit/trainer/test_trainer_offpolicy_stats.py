@@ -1,4 +1,4 @@
-"""offpolicy/*: the staleness mechanism metrics (trainer/loss_stats.py) by hand-worked values,
+"""offpolicy/*: the staleness mechanism metrics (trainer/objective/loss_stats.py) by hand-worked values,
 their reduction over micro-batches and ranks, and which π_pre each objective measures."""
 
 import math
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from areal_jobs.config.algo import AlgoConfig, ProxLogp
-from areal_jobs.trainer.loss import ppo_loss, pre_step_logp
-from areal_jobs.trainer.loss_stats import HIST_BINS, HIST_EDGES, LossStats, hist_quantile
+from areal_jobs.trainer.objective.loss import ppo_loss, pre_step_logp
+from areal_jobs.trainer.objective.loss_stats import HIST_BINS, HIST_EDGES, LossStats, hist_quantile
 
 ALGO = dict(batch_size=4, group_size=4)
 # log w = log π_pre - b per token, and the advantages; the last token is masked (its huge

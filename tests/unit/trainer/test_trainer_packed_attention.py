@@ -1,4 +1,4 @@
-"""The CUDA attention choices for a packed row (trainer/packed_attention.py): `trainer.attention=flex`
+"""The CUDA attention choices for a packed row (trainer/forward/packed_attention.py): `trainer.attention=flex`
 and `varlen_attn`, on CPU.
 
 flex_attention runs on CPU uncompiled and forward only (no CPU backward): its output is checked
@@ -7,7 +7,7 @@ document block mask, also inside a transformers model; the block mask's tiles ag
 [T, T] mask they summarise. varlen_attn has no CPU kernel: the arguments the wrapper builds for
 it (both signatures torch has had) are checked by running them through a reference of the
 documented semantics. The trainers refuse both on CPU, naming the override. Their backward runs
-on CUDA: tests/gpu/test_trainer_kernels_gpu.py and bench/gpu_trainer.py."""
+on CUDA: tests/gpu/test_trainer_kernels_gpu.py and bench/trainer/gpu_trainer.py."""
 
 from __future__ import annotations
 
@@ -17,15 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from areal_jobs.config import Attention
-from areal_jobs.trainer.attention import (
+from areal_jobs.trainer.forward.attention import (
     HF_NAMES,
     causal_attention_per_sequence,
     hf_attn_implementation,
     packed_causal_attention,
 )
-from areal_jobs.trainer.batch import TrainSample
-from areal_jobs.trainer.hf_logprobs import token_logprobs
-from areal_jobs.trainer.packed_attention import (
+from areal_jobs.trainer.forward.hf_logprobs import token_logprobs
+from areal_jobs.trainer.forward.packed_attention import (
     FLEX_BLOCK,
     PackedLayout,
     bucket_length,
@@ -36,6 +35,7 @@ from areal_jobs.trainer.packed_attention import (
     layout_of,
     varlen_attn_arguments,
 )
+from areal_jobs.trainer.intake.batch import TrainSample
 
 # sequences of 1 token, several tiles, exactly one tile, crossing tile edges; 9 + 300 + 128 + 2 + 61
 BOUNDS = [0, 1, 10, 310, 438, 440, 501]
@@ -114,7 +114,7 @@ def test_cuda_kinds_are_refused_on_cpu_by_name(kind):
 
 def test_torch_backend_refuses_them_at_setup(tiny_model_dir):
     from areal_jobs.config import AlgoConfig, DType, TrainerConfig
-    from areal_jobs.trainer.torch_backend import TorchBackend
+    from areal_jobs.trainer.torch.backend import TorchBackend
 
     backend = TorchBackend(
         TrainerConfig(attention=Attention.flex), AlgoConfig(), str(tiny_model_dir), DType.float32
@@ -227,15 +227,15 @@ def test_megatron_core_attention_takes_the_kind_from_its_layer_spec():
 def test_launch_local_refuses_them_before_any_process_starts(monkeypatch):
     """`make run` with a CUDA-only kind where the trainer runs on the CPU: refused by the launcher."""
     from areal_jobs.config import JobConfig, TrainerBackend, TrainerConfig
-    from launch.run import local
+    from launch.run import preflight
 
     with pytest.raises(SystemExit, match="trainer.attention=flex is"):
-        local.check_trainer_kernels(JobConfig(trainer=TrainerConfig(attention=Attention.flex)))
-    local.check_trainer_kernels(JobConfig())  # the default: per-sequence SDPA
+        preflight.check_trainer_kernels(JobConfig(trainer=TrainerConfig(attention=Attention.flex)))
+    preflight.check_trainer_kernels(JobConfig())  # the default: per-sequence SDPA
     monkeypatch.setattr("areal_jobs.rollout.server.cuda_available", lambda: True)
     megatron = TrainerConfig(backend=TrainerBackend.megatron, attention=Attention.varlen_attn)
-    local.check_trainer_kernels(JobConfig(trainer=megatron))  # trains on the GPU
+    preflight.check_trainer_kernels(JobConfig(trainer=megatron))  # trains on the GPU
     with pytest.raises(
         SystemExit, match="trainer.attention=varlen_attn is"
     ):  # trainer=torch trains on the CPU
-        local.check_trainer_kernels(JobConfig(trainer=TrainerConfig(attention=Attention.varlen_attn)))
+        preflight.check_trainer_kernels(JobConfig(trainer=TrainerConfig(attention=Attention.varlen_attn)))

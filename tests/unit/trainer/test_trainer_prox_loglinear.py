@@ -10,7 +10,7 @@ from test_trainer_torch_backend import make_backend, make_batch
 
 from areal_jobs.config import AlgoConfig
 from areal_jobs.config.algo import ProxLogp
-from areal_jobs.trainer.loss import loglinear_prox_logp, ppo_loss
+from areal_jobs.trainer.objective.loss import loglinear_prox_logp, ppo_loss
 
 F64 = torch.float64
 

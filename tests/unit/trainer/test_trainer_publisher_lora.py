@@ -10,8 +10,8 @@ from test_trainer_inbox import ScriptedChannel
 from test_trainer_publisher_retry import SENDER, Ranks, Stage
 
 from areal_jobs.config import WeightSyncConfig
-from areal_jobs.trainer.inbox import Inbox
-from areal_jobs.trainer.publisher import ADAPTER_DIRS_KEPT, WeightPublisher
+from areal_jobs.trainer.intake.inbox import Inbox
+from areal_jobs.trainer.publish.publisher import ADAPTER_DIRS_KEPT, WeightPublisher
 from areal_jobs.transport import codec
 from areal_jobs.transport import messages as m
 

@@ -9,10 +9,10 @@ from test_trainer_inbox import ScriptedChannel  # the controller's replies, scri
 
 from areal_jobs.api import BucketSpec, TensorSpec, WeightSender
 from areal_jobs.config import WeightSyncConfig
-from areal_jobs.trainer import publisher as publisher_mod
-from areal_jobs.trainer.inbox import ControllerFailed, Inbox
-from areal_jobs.trainer.publisher import WeightPublisher
-from areal_jobs.trainer.ranks import Publish
+from areal_jobs.trainer.dist.ranks import Publish
+from areal_jobs.trainer.intake.inbox import ControllerFailed, Inbox
+from areal_jobs.trainer.publish import publisher as publisher_mod
+from areal_jobs.trainer.publish.publisher import WeightPublisher
 from areal_jobs.transport import messages as m
 from areal_jobs.weights.broadcast import BroadcastTimeout
 from areal_jobs.weights.phases import UpdatePhases

@@ -1,4 +1,4 @@
-"""Rank 0 -> follower commands (trainer/ranks.py) on a real gloo group of 2 processes.
+"""Rank 0 -> follower commands (trainer/dist/ranks.py) on a real gloo group of 2 processes.
 
 Each scenario runs in 2 fresh `spawn` processes; a rank that hangs is killed at a hard deadline,
 so a broken protocol fails the test instead of hanging it. Workers leave with os._exit: a
@@ -16,7 +16,7 @@ import time
 import traceback
 
 from areal_jobs.api import BucketSpec, TensorSpec, WeightSender
-from areal_jobs.trainer import ranks
+from areal_jobs.trainer.dist import ranks
 from areal_jobs.transport import messages as m
 
 PAUSED = m.Paused(version=3, world_size=2, init_group=True, group_generation=7)
@@ -145,7 +145,7 @@ def _every_command(rank: int, tmp: str):
 
 def _gather(rank: int, tmp: str):
     channel = ranks.RankChannel.join(command_timeout_s=30.0)
-    from areal_jobs.trainer.publisher import gather_senders
+    from areal_jobs.trainer.publish.publisher import gather_senders
     from areal_jobs.weights.sender import StageSender
 
     first = WeightSender("areal-weights-s0", "127.0.0.1", 29700, SENDER.buckets)

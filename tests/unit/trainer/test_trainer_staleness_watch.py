@@ -1,4 +1,4 @@
-"""The pre-clipped share warning (trainer/staleness_watch.py), the config that sets it and the
+"""The pre-clipped share warning (trainer/objective/staleness_watch.py), the config that sets it and the
 progress bar's field, by hand."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from areal_jobs.config.job import RunConfig
-from areal_jobs.trainer.staleness_watch import PRECLIP_KEY, PreclipWatch
+from areal_jobs.trainer.objective.staleness_watch import PRECLIP_KEY, PreclipWatch
 from launch.run.local import _postfix
 
 
@@ -38,6 +38,7 @@ def test_unmeasured_steps_are_skipped_and_the_message_names_what_to_change():
     text = watch.update(4, {PRECLIP_KEY: 0.3, "offpolicy/abs_log_w_p99": 7.17, "offpolicy/ess": 0.77})
     assert text is not None and "40.0%" in text and "|log w| p99 7.17" in text and "ESS 0.77" in text
     assert "trainer.lr" in text and "algo.max_staleness" in text and "run.preclip_warn_fraction=0" in text
+    assert "algo.objective=ppo" in text  # the objective that held in the ablation (issue 42)
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])

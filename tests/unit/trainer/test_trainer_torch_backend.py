@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from areal_jobs.config import AlgoConfig, DType, TrainerConfig
-from areal_jobs.trainer.batch import TrainBatch, TrainSample
-from areal_jobs.trainer.hf_logprobs import token_logprobs
-from areal_jobs.trainer.torch_backend import TorchBackend
+from areal_jobs.trainer.forward.hf_logprobs import token_logprobs
+from areal_jobs.trainer.intake.batch import TrainBatch, TrainSample
+from areal_jobs.trainer.torch.backend import TorchBackend
 
 
 def make_backend(path, **algo):

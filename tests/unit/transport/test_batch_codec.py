@@ -1,5 +1,7 @@
 """TrainBatch bytes for the Megatron ranks: exact round trip, and malformed bytes refused."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -60,3 +62,26 @@ def test_truncated_or_padded_bytes_are_refused():
         decode_train_batch(data + b"\0")
     with pytest.raises(MessageError):
         decode_train_batch(b"\1\0")
+
+
+def test_expert_routes_travel_with_their_samples():
+    """trainer.routing_replay=rollout: the routes reach every Megatron rank, sample by sample,
+    a sample without routes stays without."""
+    original = batch()
+    rng = np.random.default_rng(1)
+    routes = [rng.integers(0, 255, size=(len(s.input_ids), 3, 2), dtype=np.uint8) for s in original.samples]
+    routes[1] = None
+    routes[2][-1] = 255  # the last token's row: not reported
+    original.samples = [replace(s, routes=r) for s, r in zip(original.samples, routes, strict=True)]
+    data = encode_train_batch(original)
+    got = decode_train_batch(data)
+    for r, s in zip(routes, got.samples, strict=True):
+        assert (r is None and s.routes is None) or (s.routes.dtype == r.dtype and np.array_equal(s.routes, r))
+    with pytest.raises(MessageError):
+        decode_train_batch(data[:-1])
+    wide = replace(original.samples[0], routes=routes[0].astype(np.uint16))
+    assert (
+        decode_train_batch(encode_train_batch(TrainBatch(7, [wide], []))).samples[0].routes.dtype == np.uint16
+    )
+    with pytest.raises(ValueError, match="disagree"):
+        encode_train_batch(TrainBatch(7, [wide, original.samples[0]], []))

@@ -74,6 +74,8 @@ def test_wire_format_is_json_header_plus_little_endian_arrays():
         m.CheckpointSaved(step=3, num_groups=2, num_partial_samples=5),
         m.WeightsNeeded(reason="server 1 rejoined"),
         m.VersionPublished(version=4, update_s=0.5),
+        m.VersionPublished(version=5, update_s=0.5, staleness_bound=3),
+        m.DriftReport(version=5, drift=0.042, staleness_mean=2.5),
         m.UpdateFailed(version=4, stage="weight broadcast bucket 1/2", error="boom"),
         m.UpdateRetry(version=4, lost_servers=(1, 3), stage="weight broadcast bucket 1/2", error="reset"),
         m.RolloutStats(metrics={"rollout/x": 1.0}),

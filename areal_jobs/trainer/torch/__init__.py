@@ -1,0 +1,1 @@
+"""The default backend (`trainer=torch`): one process, plain PyTorch, in `backend.py`."""

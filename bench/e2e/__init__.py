@@ -1,0 +1,1 @@
+"""End to end: async vs sync vs colocated runs of `launch.local`, interleaved."""

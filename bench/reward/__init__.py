@@ -1,0 +1,1 @@
+"""Rewards measured: rewards/s by verifier, sandbox mode, reward model, and their overhead."""

@@ -1,0 +1,1 @@
+"""The rollout side measured: controller admission, SGLang vs vLLM, pause modes."""

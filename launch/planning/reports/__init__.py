@@ -1,0 +1,1 @@
+"""What the reports say: the simulator's throughput, fault and weight-update reports."""
