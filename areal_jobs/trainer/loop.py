@@ -69,9 +69,6 @@ class TrainLoop:
         self.max_staleness_seen = 0
         self.trained_tokens = 0
         self.expired_groups = 0
-        self.total_steps = (
-            0  # the run's last step (session sets it): exact delay's last publish waits for nothing
-        )
         self.preempt = threading.Event()  # set by the signal handler; checked between phases
         # (step, groups) -> None: samples.jsonl every run.samples_every_steps (session sets it)
         self.dump_samples: Callable[[int, list[m.TrajectoryGroup]], None] | None = None
@@ -168,12 +165,14 @@ class TrainLoop:
 
     def _wait_for_next_batches(self) -> None:
         """algo.exact_delay = d: before publishing the next version, hold the next d batches
-        (every group of the current version delivered, none in flight). Not before the last
-        step's publish (nothing is trained after it), nor for d = 0 (synchronous already).
-        Preemption waits for this (bounded by trainer.batch_wait_timeout_s): the step's weights
-        are trained but not yet published, not a state to checkpoint."""
+        (every group of the current version delivered, none in flight). Not for d = 0
+        (synchronous already). The last step waits too, though nothing trains after it: otherwise
+        the groups still running meet the final update, continue under the new weights and count
+        as straddled (the gate costs about one step's wait, once). Preemption waits for this
+        (bounded by trainer.batch_wait_timeout_s): the step's weights are trained but not yet
+        published, not a state to checkpoint."""
         d, b = self.algo.exact_delay, self.algo.batch_size
-        if d <= 0 or self.step + 1 >= self.total_steps > 0:
+        if d <= 0:
             return
         if not exact_delay_may_publish(len(self.inbox.groups), d, b):
             self.inbox.wait_groups(d * b, self.batch_wait_timeout_s)

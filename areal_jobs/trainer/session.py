@@ -64,7 +64,6 @@ def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox
         cfg.rollout.max_new_tokens,
     )
     loop.preempt = preempt
-    loop.total_steps = cfg.trainer.total_steps
     if cfg.run.preclip_warn_fraction > 0:
         loop.preclip_watch = PreclipWatch(cfg.run.preclip_warn_fraction)
     every = cfg.run.samples_every_steps
