@@ -132,7 +132,8 @@ class EssStep(enum.Enum):
 
 @dataclass
 class AlgoConfig:
-    """Staleness-bounded decoupled PPO (AReaL)."""
+    """Staleness-bounded PPO: naive (clipped around the behaviour policy) by default, AReaL's
+    decoupled objective and the issue-42 objectives as knobs (docs/objective.md)."""
 
     # eta: max policy versions between sampling a token and training on it; or "auto" (the bound
     # follows the drift, up to staleness_ceiling: the fields at the end). Any, not int: OmegaConf 2.3
@@ -151,7 +152,12 @@ class AlgoConfig:
     clip_eps: float = 0.2  # PPO clip on r = exp(logp - prox_logp): lower side, 1 - clip_eps
     eps_clip_high: float = 0.0  # upper side 1 + eps_clip_high (DAPO clip-higher); 0 = clip_eps
     dual_clip_c: float = 0.0  # > 1: tokens with A < 0 lose at most c * |A| (dual clip); 0 = off
-    decoupled: bool = True  # False: proximal = behaviour log-probs (standard PPO ablation)
+    # true: AReaL's decoupled PPO (clip around π_p, times w = π_p / π_b); false: PPO clipped around
+    # the behaviour policy, the default since issue 42 (docs/objective.md, "Which objective"): it
+    # beat the decoupled objective wherever staleness acted (11 of 11 pairs at delay 8) and equals
+    # it on fresh data, without the proximal forward pass. An algo.objective other than auto sets
+    # it to what that objective needs
+    decoupled: bool = False
     prox_logp: ProxLogp = ProxLogp.current  # decoupled only: how p is computed (ProxLogp above)
     behav_weight_mode: BehavWeightMode = BehavWeightMode.drop
     behav_weight_cap: float = 0.0  # drop / truncate: the cap on w; 0 = no cap (drop mode only)
@@ -265,12 +271,8 @@ class AlgoConfig:
         self.icepop_level, self.ess_step = MaskLevel(self.icepop_level), EssStep(self.ess_step)
         objective = self.objective
         if objective is not Objective.auto:
-            if objective.needs_prox and not self.decoupled:
-                raise ValueError(
-                    f"algo.objective={objective.value} weights and masks by π_p / π_b, so it needs the "
-                    "proximal policy: drop algo.decoupled=false (or set algo.objective=ppo)"
-                )
-            # the others anchor on π_b: the backends pass b as p and skip the proximal pass
+            # the objective decides: those on π_p need the proximal policy; the others anchor on
+            # π_b, so the backends pass b as p and skip the proximal pass
             self.decoupled = objective.needs_prox
         if self.loss_objective is not Objective.decoupled and self.prox_logp is ProxLogp.loglinear:
             raise ValueError(

@@ -65,7 +65,9 @@ def open_loop(cfg: JobConfig, run_dir: Path, backend: TrainBackend, inbox: Inbox
     )
     loop.preempt = preempt
     if cfg.run.preclip_warn_fraction > 0:
-        loop.preclip_watch = PreclipWatch(cfg.run.preclip_warn_fraction)
+        loop.preclip_watch = PreclipWatch(
+            cfg.run.preclip_warn_fraction, objective=cfg.algo.loss_objective.value
+        )
     every = cfg.run.samples_every_steps
     if every > 0:
         dump = SampleDump(run_dir / "samples.jsonl", cfg.run.samples_print)

@@ -50,7 +50,7 @@ def run(rounds: int = 12) -> dict[str, float]:
     backends = {}
     for mode in MODES:
         cfg = TrainerConfig(max_tokens_per_microbatch=1024)
-        backend = TorchBackend(cfg, AlgoConfig(prox_logp=mode), MODEL, DType.float32)
+        backend = TorchBackend(cfg, AlgoConfig(decoupled=True, prox_logp=mode), MODEL, DType.float32)
         backend.setup()
         backend.train_step(batch)  # warm-up
         backends[mode] = backend

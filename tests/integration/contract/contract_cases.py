@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
 
 from harness import VOCAB, exported, trainer_config  # noqa: E402
 
-BASE = dict(batch_size=4, group_size=3, max_staleness=4)
+# decoupled=True: the matrix's knobs (behaviour-weight modes, prox_logp, the minibatch cases) act
+# on the decoupled objective; the default since issue 42, naive PPO, is the decoupled_false case
+BASE = dict(batch_size=4, group_size=3, max_staleness=4, decoupled=True)
 MAX_NEW_TOKENS = 24
 
 # name -> overrides. Clip cases run with decoupled=false: with one minibatch the proximal policy
@@ -184,7 +186,7 @@ def algo_for(case: str):
         "ess_step": EssStep,
     }
     fields = {k: enums[k](v) if k in enums else v for k, v in CASES.get(case, {}).items()}
-    return AlgoConfig(**BASE, **fields)
+    return AlgoConfig(**{**BASE, **fields})
 
 
 def groups():

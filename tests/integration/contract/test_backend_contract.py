@@ -117,7 +117,7 @@ def test_every_algo_field_is_covered():
 def test_megatron_refuses_what_it_does_not_implement(field):
     from areal_jobs.config import AlgoConfig, JobConfig, TrainerBackend, TrainerConfig
 
-    algo = AlgoConfig(**{field: REFUSED[field]})
+    algo = AlgoConfig(decoupled=True, **{field: REFUSED[field]})  # loglinear: decoupled PPO's p
     with pytest.raises(ValueError, match=rf"algo\.{field}=.*trainer=megatron.*trainer=torch"):
         JobConfig(algo=algo, trainer=TrainerConfig(backend=TrainerBackend.megatron))
 

@@ -74,7 +74,11 @@ def start_backend(model_dir: Path | str, trainer, algo=None, dtype=None, lora=No
     from areal_jobs.trainer.fsdp.backend import FSDPBackend, init_distributed
 
     init_distributed(trainer, timeout_s=120.0)
-    backend = FSDPBackend(trainer, algo or AlgoConfig(), str(model_dir), dtype or DType.float32, lora)
+    # decoupled: what these parity steps were written against (the default before issue 42);
+    # naive PPO, the default now, is the backend contract's decoupled_false case
+    backend = FSDPBackend(
+        trainer, algo or AlgoConfig(decoupled=True), str(model_dir), dtype or DType.float32, lora
+    )
     backend.setup()
     return backend
 

@@ -4,7 +4,7 @@ Tiny random Qwen2 (tied embeddings: one parameter shared by embedding and head) 
 (untied), vocab 200. Two spawned ranks shard the model with fully_shard:
   - one train step on the same batch: loss, grad norm and weights match the torch backend's
     step in one process (the measured max |Δ| is printed); also with two minibatches, where the
-    default prox_logp=current takes the first one's p from its gradient pass and runs the
+    decoupled objective's default prox_logp=current takes the first one's p from its gradient pass and runs the
     proximal pass for the second one's samples only: the same step as the torch backend's
     recompute;
   - a 2-rank sharded checkpoint taken after step 1, loaded by 2 fresh ranks, gives the same
@@ -140,9 +140,11 @@ def test_two_minibatches_with_current_match_the_torch_backends_recompute(models)
     from areal_jobs.config.algo import ProxLogp
 
     batch = make_batch(0)
-    current = AlgoConfig(batch_size=4, group_size=2, ppo_minibatches=2)
+    current = AlgoConfig(batch_size=4, group_size=2, decoupled=True, ppo_minibatches=2)
     lead, _ = run_ranks(step_worker, 2, str(models["qwen2"]), current)
-    recompute = AlgoConfig(batch_size=4, group_size=2, ppo_minibatches=2, prox_logp=ProxLogp.recompute)
+    recompute = AlgoConfig(
+        batch_size=4, group_size=2, decoupled=True, ppo_minibatches=2, prox_logp=ProxLogp.recompute
+    )
     expected_metrics, expected = megatron_harness.torch_backend_step(
         models["qwen2"], batch, trainer_config(2), recompute
     )

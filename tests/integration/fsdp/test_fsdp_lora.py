@@ -78,7 +78,9 @@ def test_two_ranks_train_the_adapters_as_the_torch_backend(model, tmp_path):
         assert total == pytest.approx(expected_metrics[key], rel=0.02), key
     assert expected_metrics["memory/trainable_param_bytes"] < 0.2 * expected_metrics["memory/param_bytes"]
     # the adapters as a PEFT directory: what ship=adapter loads into the servers
-    torch_backend = TorchBackend(trainer_config(1), AlgoConfig(), str(model), DType.float32, lora_config())
+    torch_backend = TorchBackend(
+        trainer_config(1), AlgoConfig(decoupled=True), str(model), DType.float32, lora_config()
+    )
     torch_backend.setup()
     torch_backend.train_step(make_batch(0))
     torch_backend.save_adapter(str(tmp_path / "torch_adapter"))

@@ -195,7 +195,11 @@ def start_backend(model_dir: Path | str, trainer, algo=None, dtype=None):
     from areal_jobs.trainer.megatron.dist import init_distributed
 
     init_distributed(trainer, timeout_s=120.0)
-    backend = MegatronBackend(trainer, algo or AlgoConfig(), str(model_dir), dtype or DType.float32)
+    # decoupled: what these parity steps were written against (the default before issue 42);
+    # naive PPO, the default now, is the backend contract's decoupled_false case
+    backend = MegatronBackend(
+        trainer, algo or AlgoConfig(decoupled=True), str(model_dir), dtype or DType.float32
+    )
     backend.setup()
     return backend
 
@@ -233,7 +237,9 @@ def torch_backend_step(
     from areal_jobs.trainer.torch.backend import TorchBackend
 
     cfg = replace(trainer, backend=TrainerBackend.torch, tp_size=1, pp_size=1, dp_size=1)
-    backend = TorchBackend(cfg, algo or AlgoConfig(), str(model_dir), DType.float32, lora)
+    # decoupled: what these parity steps were written against (the default before issue 42);
+    # naive PPO, the default now, is the backend contract's decoupled_false case
+    backend = TorchBackend(cfg, algo or AlgoConfig(decoupled=True), str(model_dir), DType.float32, lora)
     backend.setup()
     metrics = backend.train_step(batch)
     return metrics, {k: v.detach().numpy().copy() for k, v in backend.iter_weights()}

@@ -137,7 +137,7 @@ def test_backend_refuses_knobs_it_does_not_implement():
     cases = list(LIMITED_VALUES)
     assert ("prox_logp", "loglinear") in cases
     for name, value in cases:
-        algo = AlgoConfig(**{name: value})
+        algo = AlgoConfig(decoupled=True, **{name: value})  # loglinear: decoupled PPO's proximal policy
         JobConfig(algo=algo)  # torch implements it
         with pytest.raises(
             ValueError, match=rf"algo.{name}={value} is not implemented by trainer=megatron.*trainer=torch"

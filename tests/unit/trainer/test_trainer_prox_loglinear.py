@@ -50,7 +50,7 @@ def test_hand_worked_loss_and_gradient_with_a_masked_and_a_fresh_token():
     weight = torch.tensor([1, 1, 1, 1, 0, 1], dtype=F64) / 5
     prox = loglinear_prox_logp(behav, theta, versions, 5)
     assert prox.tolist() == pytest.approx([-1.0, -3.0, -1.9, -1.1, -1.0 + 2 / 3 * 0.5, -0.5])
-    algo = AlgoConfig(batch_size=2, group_size=3, prox_logp=ProxLogp.loglinear)
+    algo = AlgoConfig(batch_size=2, group_size=3, decoupled=True, prox_logp=ProxLogp.loglinear)
     loss, stats = ppo_loss(theta, prox, behav, adv, weight, torch.arange(6), algo)
     e = math.exp
     assert float(loss.detach()) == pytest.approx(
@@ -69,12 +69,13 @@ def test_loglinear_needs_the_decoupled_loss_current_is_the_default_for_any_minib
     # without the decoupled loss p = b: current (the default) has nothing to compute, no refusal
     assert AlgoConfig(decoupled=False).prox_logp is ProxLogp.current
     assert AlgoConfig(ppo_minibatches=2).prox_logp is ProxLogp.current
-    assert AlgoConfig(prox_logp="loglinear").prox_logp is ProxLogp.loglinear  # as a string override
+    assert AlgoConfig(decoupled=True, prox_logp="loglinear").prox_logp is ProxLogp.loglinear  # a string
 
 
 def _backend(path, **algo):
-    """The torch backend tests' backend, counting its forward passes."""
-    backend = make_backend(path, **algo)
+    """The torch backend tests' backend, counting its forward passes; the decoupled objective
+    (the proximal policy is what these tests are about) unless `decoupled=False` is given."""
+    backend = make_backend(path, **{"decoupled": True, **algo})
     calls = []
     backend.model.register_forward_hook(lambda *_: calls.append(1))
     return backend, calls
@@ -154,7 +155,7 @@ def test_a_behaviour_log_prob_of_minus_inf_gives_a_finite_proximal_loss_and_grad
         prox = loglinear_prox_logp(behav, theta, versions, 5)
         assert torch.isfinite(prox).all(), prox
         assert float(prox[1]) == -1.0
-        algo = AlgoConfig(batch_size=1, group_size=2, prox_logp=ProxLogp.loglinear)
+        algo = AlgoConfig(batch_size=1, group_size=2, decoupled=True, prox_logp=ProxLogp.loglinear)
         weight = torch.full((2,), 0.5, dtype=dtype)
         loss, stats = ppo_loss(theta, prox, behav, torch.ones(2, dtype=dtype), weight, torch.arange(2), algo)
         (grad,) = torch.autograd.grad(loss, theta)

@@ -38,7 +38,10 @@ def test_unmeasured_steps_are_skipped_and_the_message_names_what_to_change():
     text = watch.update(4, {PRECLIP_KEY: 0.3, "offpolicy/abs_log_w_p99": 7.17, "offpolicy/ess": 0.77})
     assert text is not None and "40.0%" in text and "|log w| p99 7.17" in text and "ESS 0.77" in text
     assert "trainer.lr" in text and "algo.max_staleness" in text and "run.preclip_warn_fraction=0" in text
-    assert "algo.objective=ppo" in text  # the objective that held in the ablation (issue 42)
+    assert "already naive PPO" in text  # the default since issue 42: nothing else to switch to
+    decoupled = PreclipWatch(0.10, window_steps=1, objective="decoupled")
+    text = decoupled.update(1, {PRECLIP_KEY: 0.3})
+    assert "algo.objective=decoupled" in text and "algo.objective=ppo" in text  # the one that held
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])

@@ -109,7 +109,7 @@ def test_decoupled_false_anchors_on_the_behaviour_policy(tiny_model_dir):
     naive = make_backend(tiny_model_dir, decoupled=False).train_step(batch)
     assert naive["train/prox_behav_abs_diff"] == 0.0 and naive["mismatch/k3_kl"] == 0.0
     assert naive["ppo/behav_weight_mean"] == 1.0 and naive["ppo/clip_fraction"] > 0.2
-    decoupled = make_backend(tiny_model_dir).train_step(batch)
+    decoupled = make_backend(tiny_model_dir, decoupled=True).train_step(batch)
     assert decoupled["train/prox_behav_abs_diff"] > 0.1 and decoupled["ppo/clip_fraction"] == 0.0
     assert decoupled["ppo/ratio_mean"] == pytest.approx(1.0)
 
@@ -176,7 +176,7 @@ def test_offpolicy_metrics_measure_the_pre_step_policy_whatever_the_objective(ti
     at its first pass acts exactly on the pre-clipped tokens it cuts (preclip_cut_fraction)."""
     batch = make_batch(n=8)
     naive = make_backend(tiny_model_dir, decoupled=False).train_step(batch)
-    decoupled = make_backend(tiny_model_dir).train_step(batch)
+    decoupled = make_backend(tiny_model_dir, decoupled=True).train_step(batch)
     assert naive["offpolicy/measured_fraction"] == decoupled["offpolicy/measured_fraction"] == 1.0
     for key in [k for k in naive if k.startswith("offpolicy/")]:
         assert naive[key] == pytest.approx(decoupled[key], rel=1e-6, abs=1e-9), key
@@ -189,6 +189,6 @@ def test_naive_ppo_with_minibatches_measures_its_first_minibatch(tiny_model_dir)
     gradient pass; decoupled PPO (current) has it for every sample."""
     batch = make_batch(n=6)
     naive = make_backend(tiny_model_dir, decoupled=False, ppo_minibatches=3).train_step(batch)
-    decoupled = make_backend(tiny_model_dir, ppo_minibatches=3).train_step(batch)
+    decoupled = make_backend(tiny_model_dir, decoupled=True, ppo_minibatches=3).train_step(batch)
     assert 0.0 < naive["offpolicy/measured_fraction"] < 1.0
     assert decoupled["offpolicy/measured_fraction"] == 1.0
