@@ -1,6 +1,8 @@
 """Issue 42, item 4: `algo.max_staleness=auto` against fixed bounds 0, 2 and 8, paired by seed.
 
     python -m bench.staleness.auto_eta run --seeds 1,2,3 --lr 1.5e-4        # 4 arms x 3 seeds (~2.4 h here)
+    python -m bench.staleness.auto_eta run --seeds 1,2 --lr 3e-4 rollout.num_servers=3 \
+        --run-root runs/auto_eta_srv3 --out bench/staleness/results/auto_eta_srv3   # generation ahead (~1 h)
     python -m bench.staleness.auto_eta run --seeds 1,2,3 --reuse             # go on after --budget-h stopped it
     python -m bench.staleness.auto_eta table                                 # re-aggregate, start nothing
 
