@@ -244,18 +244,25 @@ _LENGTH_COLUMNS = {"start": "sampled_start", "final": "sampled_end",
                    "start_greedy": "greedy_start", "final_greedy": "greedy_end"}  # fmt: skip
 
 
-def by_source(evals: list[m.EvalResult], run_dir: Path, batches: int = 5) -> dict[str, dict]:
-    """summary.json's `by_source`: per source (mixtures), the held-out prompt count, the sampled
-    and greedy accuracy at the start and the end, and the mean training reward and accuracy over
-    the last `batches` batches that had the source; {} without sources."""
+def _start_end_table(evals: list[m.EvalResult], split) -> dict[str, dict]:
+    """Per key of `split(ev)` = (accuracy by key, prompt count by key): the prompt count and the
+    sampled and greedy accuracy of the start and final evaluations (_LENGTH_COLUMNS)."""
     table: dict[str, dict] = {}
     for ev in evals:
         column = _LENGTH_COLUMNS.get(ev.kind)
         if column is None:
             continue
-        for name, accuracy in ev.by_source.items():
-            row = table.setdefault(name, {"num_prompts": ev.source_sizes.get(name, 0)})
-            row[column] = accuracy
+        accuracies, sizes = split(ev)
+        for key, accuracy in accuracies.items():
+            table.setdefault(key, {"num_prompts": sizes.get(key, 0)})[column] = accuracy
+    return table
+
+
+def by_source(evals: list[m.EvalResult], run_dir: Path, batches: int = 5) -> dict[str, dict]:
+    """summary.json's `by_source`: per source (mixtures), the held-out prompt count, the sampled
+    and greedy accuracy at the start and the end, and the mean training reward and accuracy over
+    the last `batches` batches that had the source; {} without sources."""
+    table = _start_end_table(evals, lambda ev: (ev.by_source, ev.source_sizes))
     rows = read_jsonl(run_dir / "metrics.jsonl") if table and (run_dir / "metrics.jsonl").exists() else []
     for name, row in table.items():
         for metric in ("reward", "accuracy"):
@@ -267,14 +274,7 @@ def by_source(evals: list[m.EvalResult], run_dir: Path, batches: int = 5) -> dic
 def by_length(evals: list[m.EvalResult]) -> dict[str, dict]:
     """summary.json's `by_length`: per prompt bucket (chain length), the prompt count and the
     sampled and greedy accuracy at the start and the end of the run; {} without buckets."""
-    table: dict[str, dict] = {}
-    for ev in evals:
-        column = _LENGTH_COLUMNS.get(ev.kind)
-        if column is None:
-            continue
-        for bucket, accuracy in ev.by_bucket.items():
-            row = table.setdefault(bucket, {"num_prompts": ev.bucket_sizes.get(bucket, 0)})
-            row[column] = accuracy
+    table = _start_end_table(evals, lambda ev: (ev.by_bucket, ev.bucket_sizes))
 
     def order(bucket: str):  # "1" < "2" < "3-4" < "9-20"; other names after, alphabetically
         head = bucket.split("-")[0]
